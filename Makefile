@@ -1,0 +1,48 @@
+# vidlake — `make help` lists the targets.
+SHELL := /bin/bash
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# Versions that were tested together; pip resolves within them.
+CONSTRAINTS := constraints.txt
+
+.DEFAULT_GOAL := help
+.PHONY: help venv demo test test-fast bench lint openapi clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	# torch first, pinned: a bare `torch` would pull a multi-GB CUDA build.
+	$(BIN)/python -m pip install -q "torch==2.13.0"
+	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[dev]"
+	@touch $(STAMP)
+
+venv: $(STAMP) ## create .venv and install vidlake with every extra
+
+demo: $(STAMP) ## run the end-to-end demo on the embedded default (./.vidlake/)
+	$(BIN)/vidlake demo
+
+test: $(STAMP) ## run the whole test suite (starts its own S3 server and PostgreSQL)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+test-fast: $(STAMP) ## the suite without slow, s3 and postgres tests
+	$(BIN)/python -m pytest -q -m "not slow and not s3 and not postgres" $(PYTEST_ARGS)
+
+bench: $(STAMP) ## run every benchmark; each prints one JSON line
+	@mkdir -p bench-results
+	@for b in benchmarks/*.py; do echo "== $$b" >&2; $(BIN)/python $$b | tee -a bench-results/results.jsonl || exit 1; done
+
+lint: $(STAMP) ## ruff (lint + format check) and mypy strict on the packages
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+openapi: $(STAMP) ## regenerate openapi/openapi.json from the app
+	$(BIN)/python -m service.openapi_dump > openapi/openapi.json
+
+clean: ## remove the demo's state (./.vidlake) and caches, keep .venv
+	rm -rf .vidlake .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,127 @@
+"""The content-addressed object store contract.
+
+An object is addressed by the SHA-256 of its bytes and lives under
+``<prefix>/objects/<sha256[:2]>/<sha256>``. Two rules hold for every backend:
+
+* **Never overwrite.** Writes are conditional (``If-None-Match: *`` on S3, ``link(2)``
+  of a fsync'd temp file locally). Identical content never makes a second object;
+  different content never replaces an existing key.
+* **Never trust unverified bytes.** ``put_*`` hashes before writing and verifies after;
+  ``get`` and ``download`` hash what they read and raise :class:`ChecksumMismatch` on a
+  difference. A multipart ETag is never taken as a content hash.
+
+Besides objects, a store holds a few *named keys* (the snapshot registry's
+``manifests/v000001.json``, restore specs). Named keys are create-only, too:
+``put_key`` raises :class:`Conflict` when the key exists.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from catalog.hashing import require_sha256
+
+__all__ = ["ObjectInfo", "ObjectStore", "PutResult", "object_key"]
+
+log = logging.getLogger("vidlake.objects")
+
+
+def object_key(prefix: str, sha256: str) -> str:
+    """The key of an object: ``<prefix>/objects/<sha256[:2]>/<sha256>`` (no leading slash)."""
+    require_sha256(sha256)
+    head = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+    return f"{head}objects/{sha256[:2]}/{sha256}"
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What a store knows about one stored object."""
+
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class PutResult:
+    """The outcome of a put: the object and whether this call created it."""
+
+    info: ObjectInfo
+    created: bool
+
+
+class ObjectStore(ABC):
+    """A content-addressed, write-once object store (see the module docstring).
+
+    Implementations are safe to use from several threads and several processes at
+    once, and pickle without live clients (clients are created lazily).
+    """
+
+    #: A URL that reopens this store with :func:`catalog.objects.open_store`.
+    url: str
+
+    # -- content-addressed objects -------------------------------------------------
+    @abstractmethod
+    def put_bytes(self, data: bytes, sha256: str | None = None) -> PutResult:
+        """Store ``data``. If ``sha256`` is given it must match (else ChecksumMismatch)."""
+
+    @abstractmethod
+    def put_file(self, path: str | Path, sha256: str | None = None) -> PutResult:
+        """Store a file's bytes, streaming (multipart for large files on S3)."""
+
+    @abstractmethod
+    def head(self, sha256: str) -> ObjectInfo | None:
+        """Size of a stored object, or None when absent. Does not read the bytes."""
+
+    def exists(self, sha256: str) -> bool:
+        return self.head(sha256) is not None
+
+    @abstractmethod
+    def get(self, sha256: str) -> bytes:
+        """The whole object, verified against its address. NotFound when absent."""
+
+    @abstractmethod
+    def get_range(self, sha256: str, offset: int, length: int) -> bytes:
+        """``length`` bytes at ``offset`` (not verified: callers check member hashes)."""
+
+    @abstractmethod
+    def download(self, sha256: str, dest: str | Path) -> ObjectInfo:
+        """Write the object to ``dest`` via a verified temp file renamed into place."""
+
+    @abstractmethod
+    def verify(self, sha256: str) -> ObjectInfo:
+        """Prove the stored bytes hash to ``sha256`` (the endpoint's full-object
+        checksum where it has one, else a full read). ChecksumMismatch otherwise."""
+
+    @abstractmethod
+    def delete(self, sha256: str, *, reason: str) -> bool:
+        """Erase an object (hard takedowns only); logged with the reason. True if it existed."""
+
+    @abstractmethod
+    def iter_objects(self) -> Iterator[ObjectInfo]:
+        """Every stored object (for inventory and garbage collection)."""
+
+    # -- named, create-only keys ------------------------------------------------------
+    @abstractmethod
+    def put_key(self, key: str, data: bytes) -> None:
+        """Create ``key`` with ``data``; Conflict if it already exists (whatever it holds)."""
+
+    @abstractmethod
+    def get_key(self, key: str) -> bytes:
+        """The bytes of a named key; NotFound when absent."""
+
+    @abstractmethod
+    def list_keys(self, prefix: str) -> list[str]:
+        """Named keys that start with ``prefix`` (relative to the store prefix), sorted."""
+
+    def key_exists(self, key: str) -> bool:
+        from catalog.errors import NotFound
+
+        try:
+            self.get_key(key)
+        except NotFound:
+            return False
+        return True

@@ -1,0 +1,116 @@
+"""The on-disk format of a snapshot's artifacts, shared by the writer (materializer,
+manifests) and the reader (loader). This module is the contract: change it only with
+both sides and bump ``FORMAT_VERSION``.
+
+Artifacts of one snapshot (each stored content-addressed in the object store):
+
+``plan.arrow``
+    Arrow IPC *file*, uncompressed (memory-mappable), schema :data:`PLAN_SCHEMA`.
+    One record per global step, steps ``0..num_steps-1`` in order. ``rows`` is the
+    global batch as manifest row numbers, already shuffled within the step so that
+    every rank's contiguous slice carries the mixture. Rank ``r`` of ``W`` takes
+    ``rows[r*B//W:(r+1)*B//W]`` where ``B = len(rows)``; ``W`` must divide ``B``.
+    ``stream_epochs[k]`` is the epoch stream ``k`` is in at this step.
+    ``skipped`` counts rows a patch removed from this step (0 in an unpatched plan).
+
+``index.arrow``
+    Arrow IPC *file*, uncompressed, schema :data:`INDEX_SCHEMA`: the manifest columns
+    a loader needs, one record per manifest row, in manifest row order (``row`` equals
+    the position).
+
+``manifest.parquet``
+    Every manifest column (a superset of the index: lineage refs, score versions,
+    job ids...), same row order.
+
+``snapshot.json``
+    Metadata; see :data:`SNAPSHOT_REQUIRED_KEYS`. ``artifacts`` maps each artifact
+    name to ``{"sha256", "size"}``; ``streams`` lists stream names by id;
+    ``buckets`` lists ``{"id", "num_frames", "aspect"}`` by id; ``phases`` lists
+    ``{"name", "rung", "first_step", "num_steps", "rank_multiple"}``.
+
+Registry entry ``manifests/v{N:06d}.json`` (a named key in the object store):
+``{"version", "parent", "snapshot_sha256", "snapshot_size", "recipe_sha256",
+"patch_of", "created_at"}``.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+__all__ = [
+    "ARTIFACT_NAMES",
+    "FORMAT_VERSION",
+    "INDEX_SCHEMA",
+    "PLAN_SCHEMA",
+    "SNAPSHOT_REQUIRED_KEYS",
+    "registry_key",
+]
+
+FORMAT_VERSION = 1
+
+PLAN_SCHEMA = pa.schema(
+    [
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("phase", pa.int32(), nullable=False),
+        pa.field("bucket", pa.int32(), nullable=False),
+        pa.field("stream_epochs", pa.list_(pa.int32()), nullable=False),
+        pa.field("rows", pa.list_(pa.int64()), nullable=False),
+        pa.field("skipped", pa.int32(), nullable=False),
+    ],
+    metadata={"vidlake.format": str(FORMAT_VERSION), "vidlake.artifact": "plan"},
+)
+
+INDEX_SCHEMA = pa.schema(
+    [
+        pa.field("row", pa.int64(), nullable=False),
+        pa.field("clip_id", pa.string(), nullable=False),
+        pa.field("asset_id", pa.string(), nullable=False),
+        pa.field("stream", pa.int32(), nullable=False),
+        pa.field("bucket", pa.int32(), nullable=False),
+        pa.field("num_frames", pa.int32(), nullable=False),
+        pa.field("tokens", pa.int64(), nullable=False),
+        # Where the latent's bytes are: an object (by SHA-256), a byte range in it, and
+        # the SHA-256 of that range (equal to object_sha256 for a standalone object).
+        pa.field("object_sha256", pa.string(), nullable=False),
+        pa.field("offset", pa.int64(), nullable=False),
+        pa.field("length", pa.int64(), nullable=False),
+        pa.field("member_sha256", pa.string(), nullable=False),
+        pa.field("format", pa.string(), nullable=False),  # safetensors | pt | npy
+        pa.field("tensor_keys", pa.list_(pa.string()), nullable=False),
+        # Caption variants; the loader picks variant (epoch + row) % len for the
+        # epoch the row's stream is in. text_embedding_sha256 is aligned with captions.
+        pa.field("captions", pa.list_(pa.string()), nullable=False),
+        pa.field("text_embedding_sha256", pa.list_(pa.string()), nullable=False),
+    ],
+    metadata={"vidlake.format": str(FORMAT_VERSION), "vidlake.artifact": "index"},
+)
+
+ARTIFACT_NAMES = ("manifest.parquet", "plan.arrow", "index.arrow")
+
+SNAPSHOT_REQUIRED_KEYS = frozenset(
+    {
+        "format",
+        "version",
+        "parent",
+        "recipe",
+        "recipe_sha256",
+        "catalog_snapshot_ids",
+        "seed",
+        "code_version",
+        "counts",
+        "drops",
+        "stream_shares",
+        "bucket_histogram",
+        "streams",
+        "buckets",
+        "phases",
+        "num_steps",
+        "plan_rows",
+        "artifacts",
+    }
+)
+
+
+def registry_key(version: int) -> str:
+    """The named key that claims snapshot ``version`` in the object store."""
+    return f"manifests/v{version:06d}.json"
