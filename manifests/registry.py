@@ -1,0 +1,655 @@
+"""The snapshot registry: immutable, numbered snapshot versions in an object store.
+
+A version is four or more content-addressed objects (the artifacts of
+:mod:`loader.format` plus ``snapshot.json``) and one create-only named key,
+``manifests/v{N:06d}.json``, that claims the number ``N`` and names its parent.
+
+Publication protocol (:meth:`Registry.publish`)::
+
+    1. check   parent == latest version now (else Conflict, nothing written)
+    2. upload  every artifact, then snapshot.json   (content-addressed, idempotent)
+    3. claim   put_key(manifests/v{parent+1}.json)  (create-only; lost race -> Conflict)
+
+The key is written last, so no key ever points at a missing or half-written
+object, and a crash before step 3 leaves only unreferenced, harmless objects that a
+rerun re-uses. Versions are contiguous: version ``N`` is created only by a
+publisher that saw ``N - 1`` as the latest, and keys are never deleted, so a claim
+of ``parent + 1`` succeeds exactly when ``parent`` is still the latest version.
+
+Pins are an append-only log of create-only events
+(``pins/v{N:06d}/e{seq:06d}.json``); the event with the highest sequence number
+decides whether a version is pinned.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import copy
+import io
+import json
+import logging
+import math
+import re
+import tempfile
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from catalog.errors import ChecksumMismatch, Conflict, IntegrityError, InvalidInput, NotFound
+from catalog.hashing import is_sha256, sha256_bytes, sha256_file
+from catalog.objects import ObjectStore
+from loader.format import ARTIFACT_NAMES, SNAPSHOT_REQUIRED_KEYS, registry_key
+
+__all__ = [
+    "ArtifactRef",
+    "Pin",
+    "PinEvent",
+    "Registry",
+    "RegistryEntry",
+    "SnapshotDiff",
+    "SnapshotRecord",
+    "canonical_json",
+]
+
+log = logging.getLogger("vidlake.manifests")
+
+SNAPSHOT_JSON = "snapshot.json"
+_REGISTRY_PREFIX = "manifests/"
+_PINS_PREFIX = "pins/"
+_VERSION_KEY = re.compile(r"^manifests/v(\d{6,})\.json$")
+_PIN_KEY = re.compile(r"^pins/v(\d{6,})/e(\d{6,})\.json$")
+_ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Keys publish() computes; a caller's values for them are replaced.
+_SET_BY_PUBLISH = frozenset({"version", "parent", "artifacts", "patch_of"})
+_PIN_RETRIES = 32
+
+
+def canonical_json(value: Any) -> bytes:
+    """Serialise ``value`` the one way vidlake hashes JSON: sorted keys, UTF-8,
+    two-space indent, no NaN/Infinity, ``\\n``-terminated.
+
+    Raises:
+        InvalidInput: ``value`` holds something JSON cannot represent exactly.
+    """
+    try:
+        text = json.dumps(value, sort_keys=True, ensure_ascii=False, indent=2, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"not canonical-JSON serialisable: {exc}") from exc
+    return (text + "\n").encode("utf-8")
+
+
+class _Fact(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ArtifactRef(_Fact):
+    """Where an artifact's bytes are: an object in the store, by SHA-256 and size."""
+
+    sha256: str
+    size: int
+
+
+class RegistryEntry(_Fact):
+    """The body of ``manifests/v{N:06d}.json``: the claim of version ``N``."""
+
+    version: int
+    parent: int | None
+    snapshot_sha256: str
+    snapshot_size: int
+    recipe_sha256: str
+    patch_of: int | None
+    created_at: str
+
+
+class SnapshotRecord(_Fact):
+    """A published version: its registry entry and its verified ``snapshot.json``."""
+
+    entry: RegistryEntry
+    snapshot: dict[str, Any]
+
+    @property
+    def version(self) -> int:
+        return self.entry.version
+
+    @property
+    def parent(self) -> int | None:
+        return self.entry.parent
+
+    @property
+    def patch_of(self) -> int | None:
+        return self.entry.patch_of
+
+    @property
+    def artifacts(self) -> dict[str, ArtifactRef]:
+        """Every artifact by name, ``snapshot.json`` included."""
+        refs = {name: ArtifactRef(**ref) for name, ref in self.snapshot["artifacts"].items()}
+        refs[SNAPSHOT_JSON] = ArtifactRef(
+            sha256=self.entry.snapshot_sha256, size=self.entry.snapshot_size
+        )
+        return refs
+
+
+class PinEvent(_Fact):
+    """One entry of a version's pin log (``pins/v{N:06d}/e{seq:06d}.json``)."""
+
+    version: int
+    seq: int
+    action: Literal["pin", "unpin"]
+    reason: str | None
+    by: str | None
+    at: str
+
+
+class Pin(_Fact):
+    """A version that is pinned now, and the event that pinned it."""
+
+    version: int
+    reason: str | None
+    by: str | None
+    at: str
+
+
+class SnapshotDiff(_Fact):
+    """What changed from version ``a`` to version ``b`` (``model_dump()`` is JSON-ready).
+
+    ``clips_added``/``clips_removed`` are sorted and cut to ``max_clips`` when one was
+    given; the ``num_*`` counts are always exact. ``counts``, ``drops`` and
+    ``stream_shares`` map each (dotted, flattened) key to ``{"a", "b", "delta"}``
+    (``delta`` only for numbers; ``None`` stands for a key one side lacks).
+    """
+
+    a: int
+    b: int
+    num_clips_a: int
+    num_clips_b: int
+    num_clips_added: int
+    num_clips_removed: int
+    clips_added: list[str]
+    clips_removed: list[str]
+    clips_truncated: bool
+    rows: dict[str, int]
+    plan_rows: dict[str, int | None]
+    recipe_sha256: dict[str, Any]
+    catalog_changed: bool
+    stream_shares: dict[str, dict[str, Any]]
+    counts: dict[str, dict[str, Any]]
+    drops: dict[str, dict[str, Any]]
+
+
+class Registry:
+    """Numbered, immutable snapshot versions kept in an :class:`ObjectStore`.
+
+    Every read is verified: an entry's ``snapshot.json`` must hash to the SHA-256 the
+    entry names, and artifacts are checked against ``snapshot.json`` on download.
+    The registry holds no state of its own; several processes (or hosts) may use the
+    same store at once.
+    """
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    # -- publication --------------------------------------------------------------
+    def publish(
+        self,
+        artifacts: Mapping[str, Path | str | ArtifactRef],
+        snapshot: Mapping[str, Any],
+        *,
+        parent: int | None,
+        patch_of: int | None = None,
+    ) -> SnapshotRecord:
+        """Upload a snapshot's artifacts and claim version ``parent + 1`` (or 1).
+
+        ``snapshot`` is copied, not changed: the published ``snapshot.json`` is that
+        copy plus ``version``, ``parent``, ``patch_of`` and ``artifacts`` (SHA-256 and
+        size of each). An artifact given as an :class:`ArtifactRef` re-uses an object
+        already in the store (a patch keeps its base's index and manifest).
+
+        Args:
+            artifacts: every name of :data:`loader.format.ARTIFACT_NAMES`, plus any
+                extra artifacts, each a local file or an existing object.
+            snapshot: the metadata; every key of ``SNAPSHOT_REQUIRED_KEYS`` except
+                those set here.
+            parent: the version the caller believes is the latest (None: none yet).
+            patch_of: the version this one patches, if it is a patch.
+
+        Raises:
+            Conflict: ``parent`` is not the latest version, or another publisher
+                claimed the version first (``exc.version``, ``exc.latest``).
+            InvalidInput: a missing artifact or metadata key, a bad name or path.
+            NotFound: ``patch_of`` or a referenced object does not exist.
+        """
+        meta = self._check_snapshot(snapshot)
+        self._check_artifacts(artifacts)
+        if patch_of is not None:
+            self.entry(patch_of)  # NotFound if it does not exist
+        version = self._check_parent(parent)
+        refs = self.upload_artifacts(artifacts)
+        meta.update(
+            version=version,
+            parent=parent,
+            patch_of=patch_of,
+            artifacts={name: refs[name].model_dump() for name in sorted(refs)},
+        )
+        body = canonical_json(meta)
+        put = self.store.put_bytes(body)
+        entry = RegistryEntry(
+            version=version,
+            parent=parent,
+            snapshot_sha256=put.info.sha256,
+            snapshot_size=put.info.size,
+            recipe_sha256=meta["recipe_sha256"],
+            patch_of=patch_of,
+            created_at=datetime.now(UTC).isoformat(timespec="microseconds"),
+        )
+        try:
+            self.store.put_key(registry_key(version), canonical_json(entry.model_dump()))
+        except Conflict as exc:
+            latest = self.next_parent()
+            raise Conflict(
+                f"version {version} was claimed by another publisher first (latest is {latest})",
+                version=version,
+                latest=latest,
+            ) from exc
+        log.info("published snapshot version %d (parent %s)", version, parent)
+        return SnapshotRecord(entry=entry, snapshot=meta)
+
+    def upload_artifacts(
+        self, artifacts: Mapping[str, Path | str | ArtifactRef]
+    ) -> dict[str, ArtifactRef]:
+        """Store each artifact content-addressed; return its reference by name.
+
+        Idempotent: a file whose bytes are already stored is not stored twice, so a
+        publisher retrying after a :class:`Conflict` can pass the returned refs back.
+        """
+        self._check_artifacts(artifacts)
+        refs: dict[str, ArtifactRef] = {}
+        for name, source in artifacts.items():
+            if isinstance(source, ArtifactRef):
+                refs[name] = source
+            else:
+                put = self.store.put_file(source)
+                refs[name] = ArtifactRef(sha256=put.info.sha256, size=put.info.size)
+        return refs
+
+    def _check_artifacts(self, artifacts: Mapping[str, Path | str | ArtifactRef]) -> None:
+        """Check every name, file and reference before the first upload, so that bad
+        input stores nothing."""
+        missing = sorted(set(ARTIFACT_NAMES) - set(artifacts))
+        if missing:
+            raise InvalidInput(f"snapshot artifacts missing: {missing}", field="artifacts")
+        for name, source in artifacts.items():
+            if not _ARTIFACT_NAME.match(name) or name == SNAPSHOT_JSON:
+                raise InvalidInput(f"bad artifact name {name!r}", field="artifacts")
+            if isinstance(source, ArtifactRef):
+                self._check_stored(name, source)
+            elif not Path(source).is_file():
+                raise InvalidInput(f"artifact {name}: {source} is not a file", field="artifacts")
+
+    def _check_stored(self, name: str, ref: ArtifactRef) -> None:
+        info = self.store.head(ref.sha256)
+        if info is None:
+            raise NotFound(f"artifact {name}: object {ref.sha256} is not stored", sha256=ref.sha256)
+        if info.size != ref.size:
+            raise ChecksumMismatch(
+                f"artifact {name}: stored size {info.size} != {ref.size}",
+                sha256=ref.sha256,
+                expected_size=ref.size,
+                actual_size=info.size,
+            )
+
+    def _check_parent(self, parent: int | None) -> int:
+        if parent is not None and (not isinstance(parent, int) or parent < 1):
+            raise InvalidInput(
+                f"parent must be a version >= 1 or None, got {parent!r}", field="parent"
+            )
+        latest = self.next_parent()
+        version = 1 if parent is None else parent + 1
+        if parent != latest:
+            # A stale (or future) parent: refuse before uploading anything.
+            raise Conflict(
+                f"parent {parent} is not the latest version ({latest}); re-read and retry",
+                version=version,
+                latest=latest,
+            )
+        return version
+
+    @staticmethod
+    def _check_snapshot(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(snapshot, Mapping):
+            raise InvalidInput("snapshot must be a mapping", field="snapshot")
+        missing = sorted(SNAPSHOT_REQUIRED_KEYS - _SET_BY_PUBLISH - set(snapshot))
+        if missing:
+            raise InvalidInput(f"snapshot.json keys missing: {missing}", field="snapshot")
+        if not is_sha256(snapshot["recipe_sha256"]):
+            raise InvalidInput(
+                "snapshot recipe_sha256 must be a SHA-256 hex digest", field="recipe_sha256"
+            )
+        meta = {k: copy.deepcopy(v) for k, v in snapshot.items() if k not in _SET_BY_PUBLISH}
+        canonical_json(meta)  # fail early on values JSON cannot hold
+        return meta
+
+    # -- reading ------------------------------------------------------------------
+    def versions(self) -> builtins.list[int]:
+        """Every published version number, ascending (one listing, no reads)."""
+        found = []
+        for key in self.store.list_keys(_REGISTRY_PREFIX):
+            match = _VERSION_KEY.match(key)
+            if match:
+                found.append(int(match.group(1)))
+        return sorted(found)
+
+    def next_parent(self) -> int | None:
+        """The latest version (the parent a new publication must name), or None."""
+        versions = self.versions()
+        return versions[-1] if versions else None
+
+    def entry(self, version: int) -> RegistryEntry:
+        """The registry entry of ``version`` (NotFound when it was never published)."""
+        key = registry_key(version)
+        try:
+            raw = self.store.get_key(key)
+        except NotFound as exc:
+            raise NotFound(f"snapshot version {version} does not exist", version=version) from exc
+        try:
+            entry = RegistryEntry.model_validate_json(raw)
+        except ValidationError as exc:
+            raise IntegrityError(f"registry entry {key} is malformed: {exc}", key=key) from exc
+        if entry.version != version:
+            raise IntegrityError(f"registry entry {key} names version {entry.version}", key=key)
+        return entry
+
+    def get(self, version: int) -> SnapshotRecord:
+        """A version's entry and its ``snapshot.json``, verified by SHA-256 and size.
+
+        Raises:
+            NotFound: no such version.
+            ChecksumMismatch: the stored ``snapshot.json`` is not what the entry names.
+            IntegrityError: the entry and ``snapshot.json`` disagree.
+        """
+        entry = self.entry(version)
+        body = self.store.get(entry.snapshot_sha256)
+        # The store verifies too; checking here keeps the guarantee local and cheap.
+        if sha256_bytes(body) != entry.snapshot_sha256 or len(body) != entry.snapshot_size:
+            raise ChecksumMismatch(
+                f"snapshot.json of version {version} does not match its registry entry",
+                sha256=entry.snapshot_sha256,
+                version=version,
+            )
+        snapshot = json.loads(body)
+        for field in ("version", "parent", "patch_of"):
+            if snapshot.get(field) != getattr(entry, field):
+                raise IntegrityError(
+                    f"snapshot.json of version {version}: {field} disagrees with its entry",
+                    version=version,
+                    field=field,
+                )
+        return SnapshotRecord(entry=entry, snapshot=snapshot)
+
+    def list(self) -> builtins.list[SnapshotRecord]:
+        """Every version, ascending, each verified as :meth:`get` does."""
+        return [self.get(v) for v in self.versions()]
+
+    def latest(self) -> SnapshotRecord | None:
+        """The newest version, or None when nothing has been published."""
+        version = self.next_parent()
+        return None if version is None else self.get(version)
+
+    # -- artifacts ----------------------------------------------------------------
+    def artifact_ref(self, version: int, name: str) -> ArtifactRef:
+        """Where artifact ``name`` of ``version`` is stored (NotFound if it has none)."""
+        refs = self.get(version).artifacts
+        if name not in refs:
+            raise NotFound(
+                f"version {version} has no artifact {name!r}", version=version, name=name
+            )
+        return refs[name]
+
+    def artifact_path(self, version: int, name: str, dest_dir: str | Path) -> Path:
+        """Download an artifact to ``dest_dir/name``, verified; reuse a verified copy."""
+        ref = self.artifact_ref(version, name)
+        dest = Path(dest_dir) / name
+        if dest.is_file() and sha256_file(dest) == (ref.sha256, ref.size):
+            return dest
+        Path(dest_dir).mkdir(parents=True, exist_ok=True)
+        info = self.store.download(ref.sha256, dest)
+        if info.sha256 != ref.sha256 or info.size != ref.size:
+            raise ChecksumMismatch(
+                f"artifact {name} of version {version} does not verify",
+                sha256=ref.sha256,
+                version=version,
+            )
+        return dest
+
+    def read_artifact(self, version: int, name: str) -> bytes:
+        """An artifact's bytes, verified (small artifacts; use artifact_path for plans)."""
+        ref = self.artifact_ref(version, name)
+        data = self.store.get(ref.sha256)
+        if sha256_bytes(data) != ref.sha256 or len(data) != ref.size:
+            raise ChecksumMismatch(
+                f"artifact {name} of version {version} does not verify",
+                sha256=ref.sha256,
+                version=version,
+            )
+        return data
+
+    def open_artifact(self, version: int, name: str) -> BinaryIO:
+        """A binary stream over an artifact's verified bytes."""
+        return io.BytesIO(self.read_artifact(version, name))
+
+    @contextlib.contextmanager
+    def local_artifact(self, version: int, name: str) -> Iterator[Path]:
+        """A verified local copy of an artifact, removed on exit (for memory-mapping)."""
+        with tempfile.TemporaryDirectory(prefix="vidlake-artifact-") as tmp:
+            yield self.artifact_path(version, name, tmp)
+
+    # -- pins ---------------------------------------------------------------------
+    def pin(self, version: int, reason: str, by: str | None = None) -> Pin:
+        """Pin ``version`` so a garbage collector keeps every object it references."""
+        if not isinstance(reason, str) or not reason.strip():
+            raise InvalidInput("a pin needs a non-empty reason", field="reason")
+        self.entry(version)  # NotFound if absent
+        event = self._append_pin_event(version, "pin", reason, by)
+        return Pin(version=version, reason=event.reason, by=event.by, at=event.at)
+
+    def unpin(self, version: int, *, by: str | None = None, reason: str | None = None) -> bool:
+        """Unpin ``version``; False (and nothing written) when it was not pinned."""
+        self.entry(version)
+        current = self._last_pin_event(version)
+        if current is None or current.action != "pin":
+            return False
+        self._append_pin_event(version, "unpin", reason, by)
+        return True
+
+    def pins(self) -> builtins.list[Pin]:
+        """The versions pinned now, ascending."""
+        last: dict[int, tuple[int, str]] = {}
+        for key in self.store.list_keys(_PINS_PREFIX):
+            match = _PIN_KEY.match(key)
+            if match:
+                version, seq = int(match.group(1)), int(match.group(2))
+                if version not in last or seq > last[version][0]:
+                    last[version] = (seq, key)
+        pinned = []
+        for version in sorted(last):
+            event = self._read_pin_event(last[version][1])
+            if event.action == "pin":
+                pinned.append(Pin(version=version, reason=event.reason, by=event.by, at=event.at))
+        return pinned
+
+    def pin_history(self, version: int) -> builtins.list[PinEvent]:
+        """Every pin and unpin of ``version``, oldest first."""
+        return [self._read_pin_event(k) for k in self._pin_keys(version)]
+
+    def protected_objects(self) -> set[str]:
+        """SHA-256 of every object a pinned version references: its artifacts,
+        ``snapshot.json``, and every latent and text-embedding object its index names.
+
+        A garbage collector must also spare recent unreferenced objects: a publisher
+        uploads its objects before it claims a version.
+        """
+        protected: set[str] = set()
+        indexes_read: set[str] = set()
+        for pin in self.pins():
+            refs = self.get(pin.version).artifacts
+            protected.update(ref.sha256 for ref in refs.values())
+            if refs["index.arrow"].sha256 in indexes_read:
+                continue  # a patch shares its base's index
+            indexes_read.add(refs["index.arrow"].sha256)
+            with self.local_artifact(pin.version, "index.arrow") as path:
+                for column in _read_columns(path, ["object_sha256", "text_embedding_sha256"]):
+                    protected.update(pc.unique(column).to_pylist())
+        return protected
+
+    def _pin_keys(self, version: int) -> builtins.list[str]:
+        keyed = []
+        for key in self.store.list_keys(f"{_PINS_PREFIX}v{version:06d}/"):
+            match = _PIN_KEY.match(key)
+            if match and int(match.group(1)) == version:
+                keyed.append((int(match.group(2)), key))
+        return [key for _, key in sorted(keyed)]
+
+    def _last_pin_event(self, version: int) -> PinEvent | None:
+        keys = self._pin_keys(version)
+        return self._read_pin_event(keys[-1]) if keys else None
+
+    def _read_pin_event(self, key: str) -> PinEvent:
+        try:
+            return PinEvent.model_validate_json(self.store.get_key(key))
+        except ValidationError as exc:
+            raise IntegrityError(f"pin event {key} is malformed: {exc}", key=key) from exc
+
+    def _append_pin_event(
+        self, version: int, action: Literal["pin", "unpin"], reason: str | None, by: str | None
+    ) -> PinEvent:
+        # Sequence numbers, claimed by create-only keys, give the log one total order
+        # that no clock skew between hosts can reorder.
+        for _ in range(_PIN_RETRIES):
+            keys = self._pin_keys(version)
+            seq = int(_PIN_KEY.match(keys[-1]).group(2)) + 1 if keys else 1  # type: ignore[union-attr]
+            event = PinEvent(
+                version=version,
+                seq=seq,
+                action=action,
+                reason=reason,
+                by=by,
+                at=datetime.now(UTC).isoformat(timespec="microseconds"),
+            )
+            key = f"{_PINS_PREFIX}v{version:06d}/e{seq:06d}.json"
+            try:
+                self.store.put_key(key, canonical_json(event.model_dump()))
+            except Conflict:
+                continue
+            log.info("%s version %d by %s: %s", action, version, by, reason)
+            return event
+        raise Conflict(
+            f"could not append a pin event to version {version}: too much contention",
+            version=version,
+        )
+
+    # -- diff ---------------------------------------------------------------------
+    def diff(self, a: int, b: int, *, max_clips: int | None = None) -> SnapshotDiff:
+        """Compare two versions: clips (by ``clip_id``), rows, shares, recipe, counts.
+
+        Args:
+            a: the older (or reference) version.
+            b: the newer version.
+            max_clips: cut the added/removed clip lists to this many (counts stay exact).
+        """
+        if max_clips is not None and max_clips < 0:
+            raise InvalidInput("max_clips must be >= 0", field="max_clips")
+        rec_a, rec_b = self.get(a), self.get(b)
+        clips_a, rows_a = self._clip_ids(a)
+        clips_b, rows_b = self._clip_ids(b)
+        added = _sorted_difference(clips_b, clips_a)
+        removed = _sorted_difference(clips_a, clips_b)
+        limit = max(len(added), len(removed)) if max_clips is None else max_clips
+        sa, sb = rec_a.snapshot, rec_b.snapshot
+        return SnapshotDiff(
+            a=a,
+            b=b,
+            num_clips_a=len(clips_a),
+            num_clips_b=len(clips_b),
+            num_clips_added=len(added),
+            num_clips_removed=len(removed),
+            clips_added=added.slice(0, limit).to_pylist(),
+            clips_removed=removed.slice(0, limit).to_pylist(),
+            clips_truncated=limit < max(len(added), len(removed)),
+            rows={"a": rows_a, "b": rows_b, "delta": rows_b - rows_a},
+            plan_rows=_change(sa.get("plan_rows"), sb.get("plan_rows")),
+            recipe_sha256={
+                "a": sa.get("recipe_sha256"),
+                "b": sb.get("recipe_sha256"),
+                "changed": sa.get("recipe_sha256") != sb.get("recipe_sha256"),
+            },
+            catalog_changed=sa.get("catalog_snapshot_ids") != sb.get("catalog_snapshot_ids"),
+            stream_shares=_mapping_changes(sa.get("stream_shares"), sb.get("stream_shares")),
+            counts=_mapping_changes(sa.get("counts"), sb.get("counts")),
+            drops=_mapping_changes(sa.get("drops"), sb.get("drops")),
+        )
+
+    def _clip_ids(self, version: int) -> tuple[pa.Array, int]:
+        """The distinct clip ids of a version's index, and its row count."""
+        with self.local_artifact(version, "index.arrow") as path:
+            (clip_ids,) = _read_columns(path, ["clip_id"])
+        return pc.unique(clip_ids), len(clip_ids)
+
+
+def _read_columns(path: Path, names: builtins.list[str]) -> builtins.list[pa.Array]:
+    """Whole columns of an Arrow IPC file, read batch by batch from a memory map
+    (list columns come back flattened). The arrays are concatenated into fresh
+    memory, so they outlive the file."""
+    with pa.memory_map(str(path)) as source:
+        reader = pa.ipc.open_file(source)
+        chunks: dict[str, builtins.list[pa.Array]] = {n: [] for n in names}
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            for n in names:
+                column = batch.column(n)
+                if pa.types.is_list(column.type):
+                    column = pc.list_flatten(column)
+                chunks[n].append(column)
+        result = []
+        for n in names:
+            kind = reader.schema.field(n).type
+            empty = pa.array([], kind.value_type if pa.types.is_list(kind) else kind)
+            result.append(pa.concat_arrays([empty, *chunks[n]]))
+        return result
+
+
+def _sorted_difference(left: pa.Array, right: pa.Array) -> pa.Array:
+    """Values of ``left`` not in ``right``, sorted (both distinct)."""
+    kept = pc.filter(left, pc.invert(pc.is_in(left, value_set=right)))
+    return pc.take(kept, pc.sort_indices(kept))
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping):
+        flat: dict[str, Any] = {}
+        for key, inner in value.items():
+            flat.update(_flatten(inner, f"{prefix}{key}."))
+        return flat
+    return {prefix.rstrip("."): value}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _change(a: Any, b: Any) -> dict[str, Any]:
+    change: dict[str, Any] = {"a": a, "b": b}
+    if _is_number(a) and _is_number(b):
+        change["delta"] = b - a
+    return change
+
+
+def _mapping_changes(a: Any, b: Any) -> dict[str, dict[str, Any]]:
+    """``{flattened key: {"a", "b", "delta"}}`` for every key of either mapping."""
+    flat_a = _flatten(a) if isinstance(a, Mapping) else {}
+    flat_b = _flatten(b) if isinstance(b, Mapping) else {}
+    return {key: _change(flat_a.get(key), flat_b.get(key)) for key in sorted({*flat_a, *flat_b})}

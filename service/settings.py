@@ -1,0 +1,105 @@
+"""Settings: the one place vidlake reads its configuration.
+
+Sources, highest first: keyword arguments, ``VIDLAKE_*`` environment variables, the
+optional config file named by ``VIDLAKE_CONFIG`` (YAML or JSON), then defaults. The
+defaults are the embedded mode: a SQLite catalog and local directories under
+``./.vidlake/``. Nothing is created when settings are read; the catalog creates its
+directories when it is first opened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+__all__ = ["Settings", "get_settings"]
+
+
+class Settings(BaseSettings):
+    """Everything the service, the CLI and the demo need to find the catalog."""
+
+    model_config = SettingsConfigDict(env_prefix="VIDLAKE_", extra="forbid", frozen=True)
+
+    home: Path = Field(Path(".vidlake"), description="Root of the embedded default.")
+    catalog_uri: str | None = Field(
+        None,
+        description="SQLAlchemy URI of the Iceberg SQL catalog (sqlite:/// or "
+        "postgresql+psycopg2://), or rest:http://… for an Iceberg REST catalog. "
+        "Default: sqlite:///<home>/catalog.db",
+    )
+    warehouse: str | None = Field(None, description="Iceberg warehouse: a directory or s3://…")
+    objects: str | None = Field(None, description="Object store: a directory or s3://bucket/prefix")
+    lance: str | None = Field(None, description="LanceDB directory or URI for embeddings")
+    namespace: str = "vidlake"
+    eval_fraction: float = Field(0.02, ge=0.0, lt=1.0)
+    s3_endpoint_url: str | None = None
+    s3_path_style: bool = False
+
+    # Service
+    host: str = "127.0.0.1"
+    port: int = Field(8321, ge=1, le=65535)
+    tokens_file: Path | None = None
+    max_body_bytes: int = 256 * 1024 * 1024
+    sql_row_limit: int = 10_000
+    sql_timeout_s: float = 10.0
+    sql_memory_limit: str = "1GB"
+
+    # Loader-side defaults for the CLI
+    cache_dir: Path | None = None
+    cache_budget_bytes: int = 8 * 1024**3
+
+    def resolved(self) -> dict[str, str]:
+        """The effective locations, with the embedded defaults filled in."""
+        home = self.home.resolve()
+        return {
+            "catalog_uri": self.catalog_uri or f"sqlite:///{home / 'catalog.db'}",
+            "warehouse": self.warehouse or str(home / "warehouse"),
+            "objects": self.objects or str(home / "objects"),
+            "lance": self.lance or str(home / "lance"),
+            "cache_dir": str(self.cache_dir or home / "cache"),
+        }
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _ConfigFileSource(settings_cls))
+
+
+class _ConfigFileSource(PydanticBaseSettingsSource):
+    """Reads the YAML/JSON file named by ``VIDLAKE_CONFIG``, if any."""
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        path = os.environ.get("VIDLAKE_CONFIG")
+        if not path:
+            return {}
+        text = Path(path).read_text()
+        if path.endswith((".yaml", ".yml")):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: the config file must hold a mapping")
+        return data
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process's settings (cached; tests build ``Settings(...)`` directly)."""
+    return Settings()
