@@ -18,6 +18,7 @@ Besides objects, a store holds a few *named keys* (the snapshot registry's
 from __future__ import annotations
 
 import logging
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,9 +26,15 @@ from pathlib import Path
 
 from catalog.hashing import require_sha256
 
-__all__ = ["ObjectInfo", "ObjectStore", "PutResult", "object_key"]
+__all__ = ["OBJECTS_DIR", "ObjectInfo", "ObjectStore", "PutResult", "check_key", "object_key"]
 
 log = logging.getLogger("vidlake.objects")
+
+#: The part of a store's key space that holds content-addressed objects; named keys
+#: may not live there, so a named key can never pass for a verified object.
+OBJECTS_DIR = "objects"
+
+_KEY_PART = re.compile(r"^[A-Za-z0-9_=+@-][A-Za-z0-9._=+@-]*$")
 
 
 def object_key(prefix: str, sha256: str) -> str:
@@ -35,6 +42,35 @@ def object_key(prefix: str, sha256: str) -> str:
     require_sha256(sha256)
     head = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
     return f"{head}objects/{sha256[:2]}/{sha256}"
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a valid named key, else raise InvalidInput.
+
+    A named key is one or more ``/``-separated parts of ``[A-Za-z0-9._=+@-]`` that do
+    not start with a dot (no ``..``, no hidden temp names), and it must not lie under
+    ``objects/``, which belongs to content-addressed objects. Every backend applies the
+    same rule so that a key valid on one is valid on all.
+    """
+    from catalog.errors import InvalidInput
+
+    if not isinstance(key, str) or not key:
+        raise InvalidInput(f"a named key must be a non-empty string, got {key!r}", field="key")
+    parts = key.split("/")
+    if not all(_KEY_PART.match(part) for part in parts):
+        raise InvalidInput(
+            f"invalid named key {key!r}: use '/'-separated parts of [A-Za-z0-9._=+@-] "
+            "that do not start with '.'",
+            field="key",
+            key=key,
+        )
+    if parts[0] == OBJECTS_DIR:
+        raise InvalidInput(
+            f"named key {key!r} lies under '{OBJECTS_DIR}/', which is reserved for objects",
+            field="key",
+            key=key,
+        )
+    return key
 
 
 @dataclass(frozen=True)
