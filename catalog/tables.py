@@ -1,0 +1,690 @@
+"""The catalog's tables: explicit Iceberg schemas, partition specs, and batch coercion.
+
+Every table of DESIGN.md is declared here once, with field ids (in the order pyiceberg
+assigns them at creation: top-level fields first, then nested element ids), required
+and optional fields, and a partition spec where it pays:
+
+========= ============================ ==============================================
+table     partitioned by               why
+========= ============================ ==============================================
+scores    ``identity(filter_name)``    a recipe reads a few filters of many
+latents   ``identity(rung)``           a phase reads one rung
+captions  ``identity(caption_version)`` a recipe reads one caption version
+========= ============================ ==============================================
+
+The other tables are small or always read whole. :func:`arrow_schema` gives the Arrow
+schema that matches an Iceberg schema (required fields are non-nullable).
+
+:func:`coerce_batch` turns a producer's batch (a ``pyarrow.Table`` or a list of dicts)
+into columns of the table's types, fills defaults and runs the row checks that need no
+catalog state, vectorised with ``pyarrow.compute``; the first bad row raises
+:class:`~catalog.errors.InvalidBatch` naming the row and the field. Checks against the
+catalog (duplicates, references, objects) live in :mod:`catalog.catalog`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.catalog import Catalog
+from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DoubleType,
+    IntegerType,
+    ListType,
+    LongType,
+    NestedField,
+    StringType,
+    TimestamptzType,
+)
+
+from catalog.errors import Conflict, InvalidBatch
+from catalog.rules import FRAME_BYTES, pack_fingerprint
+
+__all__ = [
+    "EVENTS",
+    "FORMATS",
+    "SOURCE_TIERS",
+    "TABLES",
+    "TABLE_NAMES",
+    "TOMBSTONE_KINDS",
+    "TableDef",
+    "arrow_schema",
+    "coerce_batch",
+    "conform",
+    "ensure_table",
+]
+
+SOURCE_TIERS = ("licensed", "crawl", "synthetic")
+SPLITS = ("train", "eval")
+EVENTS = ("quarantined", "released", "near_duplicate")
+TOMBSTONE_KINDS = ("soft", "hard")
+FORMATS = ("safetensors", "pt", "npy")
+#: ``probe`` sub-fields accepted as a nested dict/struct and stored flattened.
+PROBE_FIELDS = ("container", "codec", "width", "height", "fps", "duration_s", "bitrate")
+
+Check = Callable[[pa.Table], pa.ChunkedArray | pa.Array]
+
+
+def _f(
+    fid: int, name: str, typ: Any, required: bool = False, doc: str | None = None
+) -> NestedField:
+    return NestedField(field_id=fid, name=name, field_type=typ, required=required, doc=doc)
+
+
+def _strings(element_id: int) -> ListType:
+    return ListType(element_id=element_id, element=StringType(), element_required=True)
+
+
+@dataclass(frozen=True)
+class TableDef:
+    """One catalog table: its schema and the rules for a batch of its rows.
+
+    Attributes:
+        name: Table name in the namespace.
+        schema: The Iceberg schema (explicit field ids).
+        partition_by: Source columns of identity partition fields.
+        time_column: Timestamp filled with the ingest time where absent.
+        defaults: Values filled where a column is absent or null.
+        derived: Columns the catalog fills (the producer may leave them out, even the
+            required ones).
+        checks: ``(field, predicate)``: the predicate is true (or null) for good rows.
+        json_columns: String columns that must hold JSON.
+        dedup: Whether re-ingesting a row with the same key is a duplicate.
+    """
+
+    name: str
+    schema: Schema
+    partition_by: tuple[str, ...] = ()
+    time_column: str | None = None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    derived: frozenset[str] = frozenset()
+    checks: tuple[tuple[str, Check], ...] = ()
+    json_columns: tuple[str, ...] = ()
+    dedup: bool = False
+
+    def partition_spec(self) -> PartitionSpec:
+        """The identity partition spec over ``partition_by`` (ids from 1000)."""
+        fields = [
+            PartitionField(
+                source_id=self.schema.find_field(col).field_id,
+                field_id=1000 + i,
+                transform=IdentityTransform(),
+                name=col,
+            )
+            for i, col in enumerate(self.partition_by)
+        ]
+        return PartitionSpec(*fields)
+
+    def properties(self) -> dict[str, str]:
+        """Iceberg table properties set at creation."""
+        props = {
+            "write.parquet.compression-codec": "zstd",
+            "write.parquet.compression-level": "1",
+            "vidlake.table": self.name,
+        }
+        if self.dedup:
+            # A retried commit must re-check duplicates against the new state, which
+            # pyiceberg's own retry cannot do; the catalog retries instead.
+            props["commit.retry.num-retries"] = "0"
+        return props
+
+
+def arrow_schema(schema: Schema) -> pa.Schema:
+    """The Arrow schema matching an Iceberg schema (required → non-nullable)."""
+    return schema_to_pyarrow(schema, include_field_ids=False)
+
+
+# -- vectorised predicates (true or null = good row) -------------------------------------
+def _hex(col: str, n: int) -> Check:
+    return lambda t: pc.match_substring_regex(t[col], f"^[0-9a-f]{{{n}}}$")
+
+
+def _nonempty(col: str) -> Check:
+    return lambda t: pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(t[col])), 0)
+
+
+def _one_of(col: str, values: Sequence[str]) -> Check:
+    return lambda t: pc.or_kleene(pc.is_null(t[col]), pc.is_in(t[col], value_set=pa.array(values)))
+
+
+def _cmp(col: str, op: str, value: float) -> Check:
+    fn = {"ge": pc.greater_equal, "gt": pc.greater}[op]
+    return lambda t: pc.and_kleene(fn(t[col], value), pc.is_finite(pc.cast(t[col], pa.float64())))
+
+
+def _absent(col: str) -> Check:
+    return lambda t: pc.is_null(t[col])
+
+
+def _fingerprint_ok(t: pa.Table) -> pa.ChunkedArray:
+    n = pc.binary_length(t["fingerprint"])
+    return pc.and_(pc.greater(n, 0), pc.equal(pc.bit_wise_and(n, FRAME_BYTES - 1), 0))
+
+
+def _clip_after_start(t: pa.Table) -> pa.ChunkedArray:
+    return pc.and_(pc.greater(t["t_end_s"], t["t_start_s"]), pc.is_finite(t["t_end_s"]))
+
+
+def _related_when_near_dup(t: pa.Table) -> pa.ChunkedArray:
+    is_link = pc.equal(t["event"], "near_duplicate")
+    return pc.or_(pc.invert(is_link), pc.is_valid(t["related_asset_id"]))
+
+
+def _same_length_as_keys(col: str) -> Check:
+    return lambda t: pc.equal(pc.list_value_length(t[col]), pc.list_value_length(t["tensor_keys"]))
+
+
+# -- the tables -----------------------------------------------------------------------
+ASSETS = TableDef(
+    name="assets",
+    schema=Schema(
+        _f(1, "asset_id", StringType(), True, "SHA-256 (lowercase hex) of the asset's bytes"),
+        _f(2, "uri", StringType(), True),
+        _f(3, "size", LongType(), True),
+        _f(4, "source", StringType()),
+        _f(5, "source_tier", StringType(), True, "licensed | crawl | synthetic"),
+        _f(6, "license_id", StringType()),
+        _f(7, "territory", StringType()),
+        _f(8, "opt_out", BooleanType(), True),
+        _f(9, "pii_class", StringType()),
+        _f(10, "provenance", StringType(), doc="JSON"),
+        _f(11, "probe_container", StringType()),
+        _f(12, "probe_codec", StringType()),
+        _f(13, "probe_width", IntegerType()),
+        _f(14, "probe_height", IntegerType()),
+        _f(15, "probe_fps", DoubleType()),
+        _f(16, "probe_duration_s", DoubleType()),
+        _f(17, "probe_bitrate", LongType(), doc="bits per second"),
+        _f(18, "fingerprint", BinaryType(), doc="64-bit perceptual frame hashes, big-endian"),
+        _f(19, "split", StringType(), True, "train | eval, fixed at ingest"),
+        _f(20, "duplicate_of", StringType(), doc="canonical near-duplicate at ingest time"),
+        _f(21, "near_duplicates", _strings(23), doc="assets this one matched at ingest"),
+        _f(22, "ingested_at", TimestamptzType(), True),
+        identifier_field_ids=[1],
+    ),
+    time_column="ingested_at",
+    defaults={"opt_out": False},
+    derived=frozenset({"split", "duplicate_of", "near_duplicates"}),
+    checks=(
+        ("asset_id", _hex("asset_id", 64)),
+        ("uri", _nonempty("uri")),
+        ("size", _cmp("size", "ge", 0)),
+        ("source_tier", _one_of("source_tier", SOURCE_TIERS)),
+        ("probe_width", _cmp("probe_width", "gt", 0)),
+        ("probe_height", _cmp("probe_height", "gt", 0)),
+        ("probe_fps", _cmp("probe_fps", "gt", 0)),
+        ("probe_duration_s", _cmp("probe_duration_s", "ge", 0)),
+        ("probe_bitrate", _cmp("probe_bitrate", "ge", 0)),
+        ("fingerprint", _fingerprint_ok),
+        ("split", _one_of("split", SPLITS)),
+        ("duplicate_of", _absent("duplicate_of")),
+        ("near_duplicates", _absent("near_duplicates")),
+    ),
+    json_columns=("provenance",),
+    dedup=True,
+)
+
+ASSET_EVENTS = TableDef(
+    name="asset_events",
+    schema=Schema(
+        _f(1, "asset_id", StringType(), True),
+        _f(2, "event", StringType(), True, "quarantined | released | near_duplicate"),
+        _f(3, "related_asset_id", StringType(), doc="near_duplicate: the canonical copy"),
+        _f(4, "reason", StringType()),
+        _f(5, "details", StringType(), doc="JSON"),
+        _f(6, "actor", StringType()),
+        _f(7, "job_id", StringType()),
+        _f(8, "at", TimestamptzType(), True),
+    ),
+    time_column="at",
+    checks=(
+        ("asset_id", _hex("asset_id", 64)),
+        ("event", _one_of("event", EVENTS)),
+        ("related_asset_id", _hex("related_asset_id", 64)),
+        ("related_asset_id", _related_when_near_dup),
+    ),
+    json_columns=("details",),
+)
+
+TOMBSTONES = TableDef(
+    name="tombstones",
+    schema=Schema(
+        _f(1, "asset_id", StringType(), True),
+        _f(2, "reason", StringType(), True),
+        _f(3, "kind", StringType(), True, "soft | hard"),
+        _f(4, "requested_by", StringType()),
+        _f(5, "at", TimestamptzType(), True),
+    ),
+    time_column="at",
+    checks=(
+        ("asset_id", _hex("asset_id", 64)),
+        ("reason", _nonempty("reason")),
+        ("kind", _one_of("kind", TOMBSTONE_KINDS)),
+    ),
+)
+
+CLIPS = TableDef(
+    name="clips",
+    schema=Schema(
+        _f(
+            1,
+            "clip_id",
+            StringType(),
+            True,
+            "rules.clip_id(asset_id, t_start_s, t_end_s, split_version)",
+        ),
+        _f(2, "asset_id", StringType(), True),
+        _f(3, "t_start_s", DoubleType(), True),
+        _f(4, "t_end_s", DoubleType(), True),
+        _f(5, "split_version", StringType(), True, "version of the scene splitter"),
+        _f(6, "fps", DoubleType()),
+        _f(7, "num_frames", IntegerType(), True),
+        _f(8, "width", IntegerType(), True),
+        _f(9, "height", IntegerType(), True),
+        _f(10, "aspect_bucket", StringType()),
+        _f(11, "split", StringType(), True, "the asset's split"),
+        _f(12, "job_id", StringType()),
+        _f(13, "metadata", StringType(), doc="JSON: importer sidecar fields"),
+        _f(14, "ingested_at", TimestamptzType(), True),
+        identifier_field_ids=[1],
+    ),
+    time_column="ingested_at",
+    derived=frozenset({"clip_id", "split"}),
+    checks=(
+        ("clip_id", _hex("clip_id", 32)),
+        ("asset_id", _hex("asset_id", 64)),
+        ("t_start_s", _cmp("t_start_s", "ge", 0)),
+        ("t_end_s", _clip_after_start),
+        ("split_version", _nonempty("split_version")),
+        ("fps", _cmp("fps", "gt", 0)),
+        ("num_frames", _cmp("num_frames", "gt", 0)),
+        ("width", _cmp("width", "gt", 0)),
+        ("height", _cmp("height", "gt", 0)),
+        ("split", _one_of("split", SPLITS)),
+    ),
+    json_columns=("metadata",),
+    dedup=True,
+)
+
+LATENTS = TableDef(
+    name="latents",
+    schema=Schema(
+        _f(1, "clip_id", StringType(), True),
+        _f(2, "rung", StringType(), True, "resolution rung, e.g. 256p"),
+        _f(3, "tokenizer_version", StringType(), True),
+        _f(4, "format", StringType(), True, "safetensors | pt | npy"),
+        _f(5, "object_sha256", StringType(), True),
+        _f(6, "object_size", LongType(), doc="size of the whole object"),
+        _f(7, "offset", LongType(), True),
+        _f(8, "length", LongType(), True),
+        _f(9, "member_sha256", StringType(), True, "SHA-256 of bytes [offset, offset+length)"),
+        _f(10, "tensor_keys", _strings(17), True),
+        _f(
+            11,
+            "shapes",
+            ListType(
+                element_id=18,
+                element=ListType(element_id=19, element=LongType(), element_required=True),
+                element_required=True,
+            ),
+        ),
+        _f(12, "dtypes", _strings(20)),
+        _f(13, "latent_frames", IntegerType()),
+        _f(14, "tokens", LongType(), True),
+        _f(15, "job_id", StringType()),
+        _f(16, "ingested_at", TimestamptzType(), True),
+    ),
+    partition_by=("rung",),
+    time_column="ingested_at",
+    defaults={"offset": 0},
+    derived=frozenset({"length", "member_sha256"}),
+    checks=(
+        ("clip_id", _hex("clip_id", 32)),
+        ("rung", _nonempty("rung")),
+        ("tokenizer_version", _nonempty("tokenizer_version")),
+        ("format", _one_of("format", FORMATS)),
+        ("object_sha256", _hex("object_sha256", 64)),
+        ("object_size", _cmp("object_size", "ge", 0)),
+        ("offset", _cmp("offset", "ge", 0)),
+        ("length", _cmp("length", "gt", 0)),
+        ("member_sha256", _hex("member_sha256", 64)),
+        ("tensor_keys", lambda t: pc.greater(pc.list_value_length(t["tensor_keys"]), 0)),
+        ("shapes", _same_length_as_keys("shapes")),
+        ("dtypes", _same_length_as_keys("dtypes")),
+        ("latent_frames", _cmp("latent_frames", "gt", 0)),
+        ("tokens", _cmp("tokens", "ge", 0)),
+    ),
+    dedup=True,
+)
+
+SCORES = TableDef(
+    name="scores",
+    schema=Schema(
+        _f(1, "clip_id", StringType(), True),
+        _f(2, "filter_name", StringType(), True),
+        _f(3, "filter_version", StringType(), True),
+        _f(4, "score", DoubleType(), True),
+        _f(5, "job_id", StringType()),
+        _f(6, "computed_at", TimestamptzType(), True),
+    ),
+    partition_by=("filter_name",),
+    time_column="computed_at",
+    checks=(
+        ("clip_id", _hex("clip_id", 32)),
+        ("filter_name", _nonempty("filter_name")),
+        ("filter_version", _nonempty("filter_version")),
+        ("score", lambda t: pc.is_finite(t["score"])),
+    ),
+)
+
+CAPTIONS = TableDef(
+    name="captions",
+    schema=Schema(
+        _f(1, "clip_id", StringType(), True),
+        _f(2, "caption_version", StringType(), True),
+        _f(3, "kind", StringType(), True, "dense | short | ..."),
+        _f(4, "text", StringType(), True),
+        _f(5, "text_embedding_sha256", StringType()),
+        _f(6, "model_version", StringType()),
+        _f(7, "job_id", StringType()),
+        _f(8, "ingested_at", TimestamptzType(), True),
+    ),
+    partition_by=("caption_version",),
+    time_column="ingested_at",
+    checks=(
+        ("clip_id", _hex("clip_id", 32)),
+        ("caption_version", _nonempty("caption_version")),
+        ("kind", _nonempty("kind")),
+        ("text", _nonempty("text")),
+        ("text_embedding_sha256", _hex("text_embedding_sha256", 64)),
+    ),
+)
+
+JOBS = TableDef(
+    name="jobs",
+    schema=Schema(
+        _f(1, "job_id", StringType(), True),
+        _f(
+            2,
+            "stage",
+            StringType(),
+            True,
+            "decode | split | filter | caption | encode | import ...",
+        ),
+        _f(3, "status", StringType()),
+        _f(4, "code_version", StringType()),
+        _f(5, "model_versions", StringType(), doc="JSON object"),
+        _f(6, "started_at", TimestamptzType()),
+        _f(7, "finished_at", TimestamptzType()),
+        _f(8, "host", StringType()),
+        _f(9, "counts", StringType(), doc="JSON object"),
+        _f(10, "provenance", StringType(), doc="JSON"),
+        _f(11, "ingested_at", TimestamptzType(), True),
+    ),
+    time_column="ingested_at",
+    checks=(("job_id", _nonempty("job_id")), ("stage", _nonempty("stage"))),
+    json_columns=("model_versions", "counts", "provenance"),
+)
+
+TABLES: Mapping[str, TableDef] = {
+    t.name: t for t in (ASSETS, ASSET_EVENTS, TOMBSTONES, CLIPS, LATENTS, SCORES, CAPTIONS, JOBS)
+}
+TABLE_NAMES: tuple[str, ...] = tuple(TABLES)
+
+
+# -- coercion ---------------------------------------------------------------------------
+def _first_false(mask: pa.ChunkedArray | pa.Array) -> int | None:
+    """Index of the first False (nulls count as good), or None."""
+    bad = pc.invert(pc.fill_null(mask, True))
+    if not pc.any(bad).as_py():
+        return None
+    return int(pc.index(bad, True).as_py())
+
+
+def _bad(row: int | None, name: str, what: str) -> InvalidBatch:
+    where = f"row {row}" if row is not None else "batch"
+    return InvalidBatch(f"{where}, field {name!r}: {what}", row=row, field=name)
+
+
+def _cast(name: str, values: pa.Array | pa.ChunkedArray, typ: pa.DataType) -> pa.ChunkedArray:
+    """Cast a column, naming the first row that does not convert."""
+    chunked = values if isinstance(values, pa.ChunkedArray) else pa.chunked_array([values])
+    if chunked.type == typ:
+        return chunked
+    # Timestamps below a microsecond are truncated (Iceberg stores microseconds).
+    safe = not pa.types.is_timestamp(typ)
+    try:
+        return pc.cast(chunked, typ, safe=safe)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+        for i, value in enumerate(chunked.to_pylist()):
+            try:
+                pc.cast(pa.array([value], type=chunked.type), typ, safe=safe)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                raise _bad(i, name, f"cannot convert {value!r} to {typ}") from exc
+        raise _bad(None, name, f"cannot convert {chunked.type} to {typ}") from exc
+
+
+def _pylist_column(name: str, values: list[Any], typ: pa.DataType) -> pa.ChunkedArray:
+    if pa.types.is_timestamp(typ):
+        values = [_parse_time(i, name, v) for i, v in enumerate(values)]
+    elif name == "fingerprint":
+        values = [
+            pack_fingerprint(v) if isinstance(v, list | tuple | np.ndarray) else v for v in values
+        ]
+    try:
+        return pa.chunked_array([pa.array(values, type=typ)])
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+        for i, value in enumerate(values):
+            try:
+                pa.array([value], type=typ)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+                raise _bad(i, name, f"cannot convert {value!r} to {typ}") from exc
+        raise _bad(None, name, str(exc)) from exc
+
+
+def _parse_time(row: int, name: str, value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            value = dt.datetime.fromisoformat(value)
+        except ValueError as exc:
+            raise _bad(row, name, f"not an ISO 8601 time: {value!r}") from exc
+    if isinstance(value, dt.datetime) and value.tzinfo is None:
+        value = value.replace(tzinfo=dt.UTC)  # naive times are UTC
+    return value
+
+
+def _columns_from_rows(rows: Sequence[Mapping[str, Any]], target: pa.Schema) -> dict[str, Any]:
+    names: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise _bad(i, "*", f"a row must be a mapping, got {type(row).__name__}")
+        for key in row:
+            names.setdefault(key, i)
+    cols: dict[str, Any] = {}
+    for name, first_row in names.items():
+        if name == "probe" and "probe_width" in target.names:
+            for sub in PROBE_FIELDS:
+                vals = [_probe_get(i, r, sub) for i, r in enumerate(rows)]
+                cols[f"probe_{sub}"] = _pylist_column(
+                    f"probe_{sub}", vals, target.field(f"probe_{sub}").type
+                )
+            continue
+        if name not in target.names:
+            raise _bad(first_row, name, "unknown column")
+        cols[name] = _pylist_column(name, [r.get(name) for r in rows], target.field(name).type)
+    return cols
+
+
+def _probe_get(row: int, r: Mapping[str, Any], sub: str) -> Any:
+    probe = r.get("probe")
+    if probe is None:
+        return None
+    if not isinstance(probe, Mapping):
+        raise _bad(row, "probe", "probe must be a mapping")
+    unknown = set(probe) - set(PROBE_FIELDS)
+    if unknown:
+        raise _bad(row, "probe", f"unknown probe fields {sorted(unknown)}")
+    return probe.get(sub)
+
+
+def _columns_from_table(data: pa.Table, target: pa.Schema) -> dict[str, Any]:
+    cols: dict[str, Any] = {}
+    for name in data.column_names:
+        col = data[name]
+        if name == "probe" and pa.types.is_struct(col.type) and "probe_width" in target.names:
+            sub_names = [col.type.field(i).name for i in range(col.type.num_fields)]
+            for sub in sub_names:
+                if sub not in PROBE_FIELDS:
+                    raise _bad(0, "probe", f"unknown probe field {sub!r}")
+                cols[f"probe_{sub}"] = _cast(
+                    f"probe_{sub}", pc.struct_field(col, sub), target.field(f"probe_{sub}").type
+                )
+            continue
+        if name not in target.names:
+            raise _bad(0, name, "unknown column")
+        cols[name] = _cast(name, col, target.field(name).type)
+    return cols
+
+
+def coerce_batch(
+    tdef: TableDef,
+    data: pa.Table | Sequence[Mapping[str, Any]],
+    schema: Schema | None = None,
+    now: dt.datetime | None = None,
+) -> pa.Table:
+    """A producer's batch as a table of the table's column types, checked row by row.
+
+    Args:
+        tdef: The table.
+        data: A ``pyarrow.Table`` or a list of dicts (times may be ISO strings; a
+            fingerprint may be a list of ints; assets may nest ``probe``).
+        schema: The table's current Iceberg schema (columns added by schema evolution
+            are accepted); ``tdef.schema`` when None.
+        now: The ingest time for absent timestamps (UTC now when None).
+
+    Returns:
+        Every column of the table, cast; nulls where the producer gave nothing.
+
+    Raises:
+        InvalidBatch: The first bad row: unknown or unconvertible column, missing
+            required value, failed check.
+    """
+    target = arrow_schema(schema if schema is not None else tdef.schema)
+    if isinstance(data, pa.Table):
+        cols = _columns_from_table(data, target)
+        n = data.num_rows
+    elif isinstance(data, Sequence) and not isinstance(data, str | bytes):
+        cols = _columns_from_rows(data, target)
+        n = len(data)
+    else:
+        raise InvalidBatch(
+            f"a batch is a pyarrow.Table or a list of dicts, got {type(data).__name__}",
+            row=None,
+            field=None,
+        )
+    when = pa.scalar(now or dt.datetime.now(dt.UTC), type=pa.timestamp("us", tz="UTC"))
+    fills: dict[str, Any] = dict(tdef.defaults)
+    if tdef.time_column:
+        fills[tdef.time_column] = when
+    for name, value in fills.items():
+        typ = target.field(name).type
+        if name in cols:
+            cols[name] = pc.fill_null(cols[name], pa.scalar(value, type=typ))
+        else:
+            cols[name] = pa.chunked_array(
+                [pa.nulls(n, typ).fill_null(pa.scalar(value, type=typ))], type=typ
+            )
+    for fld in target:
+        if fld.nullable or fld.name in tdef.derived:
+            continue
+        if fld.name not in cols:
+            raise _bad(0 if n else None, fld.name, "required column is missing")
+        if cols[fld.name].null_count:
+            row = _first_false(pc.is_valid(cols[fld.name]))
+            raise _bad(row, fld.name, "required value is null")
+    # Absent columns become nulls, so every check sees every column.
+    table = pa.table({f.name: cols.get(f.name, pa.nulls(n, f.type)) for f in target})
+    for name, check in tdef.checks:
+        row = _first_false(check(table))
+        if row is not None:
+            raise _bad(
+                row, name, f"value {table[name][row].as_py()!r} fails the {tdef.name}.{name} rule"
+            )
+    for name in tdef.json_columns:
+        if name in table.column_names:
+            _check_json(name, table[name])
+    return table
+
+
+def _check_json(name: str, col: pa.ChunkedArray) -> None:
+    if col.null_count == len(col):
+        return
+    for i, text in enumerate(col.to_pylist()):
+        if text is None:
+            continue
+        try:
+            json.loads(text)
+        except ValueError as exc:
+            raise _bad(i, name, "not valid JSON") from exc
+
+
+def conform(table: pa.Table, schema: Schema) -> pa.Table:
+    """Order and complete columns to the Arrow schema of ``schema`` (absent optional
+    columns become nulls) so that the table can be appended as is."""
+    target = arrow_schema(schema)
+    n = table.num_rows
+    arrays = []
+    for fld in target:
+        if fld.name in table.column_names:
+            arrays.append(_cast(fld.name, table[fld.name], fld.type))
+        elif fld.nullable:
+            arrays.append(pa.chunked_array([pa.nulls(n, fld.type)], type=fld.type))
+        else:
+            raise _bad(0 if n else None, fld.name, "required column is missing")
+    return pa.Table.from_arrays(arrays, schema=target)
+
+
+def ensure_table(iceberg: Catalog, namespace: str, tdef: TableDef) -> None:
+    """Create ``tdef`` when absent; check an existing table still has its columns."""
+    ident = (namespace, tdef.name)
+    try:
+        tbl = iceberg.load_table(ident)
+    except NoSuchTableError:
+        try:
+            iceberg.create_table(
+                ident,
+                schema=tdef.schema,
+                partition_spec=tdef.partition_spec(),
+                properties=tdef.properties(),
+            )
+            return
+        except TableAlreadyExistsError:
+            tbl = iceberg.load_table(ident)
+    have = tbl.schema()
+    for fld in tdef.schema.fields:
+        try:
+            found = have.find_field(fld.name)
+        except ValueError:
+            raise Conflict(
+                f"table {tdef.name} lacks column {fld.name}", table=tdef.name, field=fld.name
+            ) from None
+        if found.field_type != fld.field_type:
+            raise Conflict(
+                f"column {tdef.name}.{fld.name} is {found.field_type}, expected {fld.field_type}",
+                table=tdef.name,
+                field=fld.name,
+            )
