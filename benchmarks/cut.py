@@ -1,0 +1,265 @@
+"""Benchmark: cutting a snapshot against the floor of a plain DuckDB selection join.
+
+Builds a synthetic embedded catalog of ``--clips`` clips (3 filter scores, 5 streams,
+4 frame buckets x 4 aspect ratios, one caption version with two kinds; every latent
+row points at one small shared object, since the cut never reads latent bytes), then
+times in the same run:
+
+* ``cut_s``: :func:`materializer.cut.build_artifacts` — pinned scans, the selection
+  query, scatter, a ``--plan-rows`` plan, index, manifest and lineage artifacts;
+* ``floor_s``: DuckDB running only the plain selection join over the same pinned
+  Arrow scans and writing Parquet.
+
+Prints one JSON line: clips, plan_rows, cut_s, floor_s, ratio (cut_s / floor_s),
+plan_rows_per_s (plan stage alone), peak_rss_mb. Goals at 1M clips: ratio <= 2,
+plan >= 10M rows/s, peak RSS <= 4 GB. Cost grows linearly in clips (scans, join,
+sorts are O(n log n) with a small log) and in plan rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from catalog.catalog import CatalogConfig, VidlakeCatalog  # noqa: E402
+from catalog.rules import clip_ids as make_clip_ids  # noqa: E402
+from materializer.recipe import load_recipe  # noqa: E402
+
+BATCH = 100_000
+TIERS = np.array(["licensed", "crawl", "synthetic"])
+ASPECTS = [(16, 9), (4, 3), (1, 1), (9, 16)]
+
+
+def _recipe(plan_rows: int) -> dict[str, Any]:
+    batch = 1024
+    return {
+        "name": "bench-cut",
+        "seed": 11,
+        "tokenizer_version": "vae-bench",
+        "filters": [
+            {"name": "aesthetic", "version": "1", "min": 2.0},
+            {"name": "motion", "version": "1", "min": 0.05},
+            {"name": "ocr", "version": "1", "max": 0.8},
+        ],
+        "tiers": {
+            "rules": [{"name": "gold", "where": "score_aesthetic >= 7"}],
+            "default": "base",
+        },
+        "streams": [
+            {"name": "licensed", "where": "source_tier = 'licensed'"},
+            {"name": "synthetic", "where": "source_tier = 'synthetic'"},
+            {"name": "web_gold", "where": "source_tier = 'crawl' AND tier = 'gold'"},
+            {"name": "web_motion", "where": "source_tier = 'crawl' AND score_motion >= 0.5"},
+            {"name": "web", "where": "source_tier = 'crawl'"},
+        ],
+        "captions": {"version": "1", "kinds": ["dense", "short"]},
+        "buckets": {"latent_frames": [4, 8, 12, 16], "aspect_ratios": ["16:9", "4:3", "1:1", "9:16"]},
+        "phases": [
+            {
+                "name": "main",
+                "rung": "256p",
+                "weights": {"licensed": 0.3, "synthetic": 0.1, "web_gold": 0.2, "web_motion": 0.1, "web": 0.3},
+                "steps": max(1, plan_rows // batch),
+                "global_batch": batch,
+                "rank_multiple": 64,
+            }
+        ],
+    }  # fmt: skip
+
+
+def build_catalog(root: Path, n_clips: int, seed: int = 0) -> VidlakeCatalog:
+    """An embedded catalog with ``n_clips`` clips, 2 per asset, vectorised batches."""
+    catalog = VidlakeCatalog.open(CatalogConfig.embedded(root, eval_fraction=0.0))
+    obj = catalog.objects.put_bytes(b"\0" * 4096).info
+    rng = np.random.default_rng(seed)
+    n_assets = (n_clips + 1) // 2
+    now = pa.scalar(0, pa.timestamp("us", tz="UTC"))
+    for lo in range(0, n_assets, BATCH // 2):
+        hi = min(n_assets, lo + BATCH // 2)
+        n = hi - lo
+        ids = [hashlib.sha256(f"bench:{seed}:{i}".encode()).hexdigest() for i in range(lo, hi)]
+        aspect = rng.integers(0, 4, n)
+        height = np.full(n, 720)
+        width = np.array([round(720 * ASPECTS[a][0] / ASPECTS[a][1]) for a in aspect])
+        catalog.add_assets(
+            pa.table(
+                {
+                    "asset_id": ids,
+                    "uri": [f"s3://raw/{i}.mp4" for i in ids],
+                    "size": np.full(n, 10_000_000),
+                    "source": np.where(rng.random(n) < 0.5, "stock", "web"),
+                    "source_tier": TIERS[rng.choice(3, n, p=[0.3, 0.55, 0.15])],
+                    "license_id": np.full(n, "lic-1"),
+                    "territory": np.full(n, "US"),
+                    "probe_width": width.astype(np.int32),
+                    "probe_height": height.astype(np.int32),
+                    "probe_fps": np.full(n, 30.0),
+                    "probe_duration_s": np.full(n, 20.0),
+                    "probe_bitrate": np.full(n, 8_000_000),
+                }
+            )
+        )
+        asset_rep = np.repeat(np.asarray(ids, dtype=object), 2)[: min(2 * n, n_clips - 2 * lo)]
+        m = len(asset_rep)
+        starts = np.tile([0.0, 10.0], n)[:m]
+        frames = rng.integers(13, 65, m).astype(np.int32)
+        split_version = "v1"
+        cids = make_clip_ids(asset_rep.tolist(), starts, starts + 10.0, [split_version] * m)
+        catalog.add_clips(
+            pa.table(
+                {
+                    "clip_id": cids,
+                    "asset_id": asset_rep.tolist(),
+                    "t_start_s": starts,
+                    "t_end_s": starts + 10.0,
+                    "split_version": np.full(m, split_version),
+                    "fps": np.full(m, 30.0),
+                    "num_frames": frames,
+                    "width": np.repeat(width, 2)[:m].astype(np.int32),
+                    "height": np.repeat(height, 2)[:m].astype(np.int32),
+                }
+            )
+        )
+        latent_frames = (1 + (frames - 1) // 4).astype(np.int32)
+        catalog.add_latents(
+            pa.table(
+                {
+                    "clip_id": cids,
+                    "rung": np.full(m, "256p"),
+                    "tokenizer_version": np.full(m, "vae-bench"),
+                    "format": np.full(m, "safetensors"),
+                    "object_sha256": np.full(m, obj.sha256),
+                    "object_size": np.full(m, obj.size),
+                    "offset": np.zeros(m, dtype=np.int64),
+                    "length": np.full(m, obj.size),
+                    "member_sha256": np.full(m, obj.sha256),
+                    "tensor_keys": pa.array([["latent"]] * m, pa.list_(pa.string())),
+                    "latent_frames": latent_frames,
+                    "tokens": (latent_frames.astype(np.int64) * 32 * 56 // 4),
+                }
+            )
+        )
+        for name, values in (
+            ("aesthetic", rng.uniform(0, 10, m)),
+            ("motion", rng.uniform(0, 1, m)),
+            ("ocr", rng.uniform(0, 1, m)),
+        ):
+            catalog.add_scores(
+                pa.table(
+                    {
+                        "clip_id": cids,
+                        "filter_name": np.full(m, name),
+                        "filter_version": np.full(m, "1"),
+                        "score": values,
+                        "computed_at": pa.array([now.value] * m, pa.timestamp("us", tz="UTC")),
+                    }
+                )
+            )
+        for kind in ("dense", "short"):
+            catalog.add_captions(
+                pa.table(
+                    {
+                        "clip_id": cids,
+                        "caption_version": np.full(m, "1"),
+                        "kind": np.full(m, kind),
+                        "text": np.full(m, f"a {kind} caption"),
+                    }
+                )
+            )
+    return catalog
+
+
+def floor_join(catalog: VidlakeCatalog, out: Path) -> float:
+    """The plain selection join (no rules) over the same pinned scans, to Parquet."""
+    import duckdb
+
+    t0 = time.perf_counter()
+    pin = catalog.pin()
+    con = duckdb.connect(":memory:", config={"threads": 2})
+    for name in ("assets", "clips", "latents", "scores", "captions"):
+        con.register(name, catalog.scan(name, pin=pin, include_eval=True))
+    con.sql(
+        """
+        COPY (
+          WITH s AS (
+            SELECT clip_id,
+              max(score) FILTER (WHERE filter_name = 'aesthetic') AS a,
+              max(score) FILTER (WHERE filter_name = 'motion') AS m,
+              max(score) FILTER (WHERE filter_name = 'ocr') AS o
+            FROM scores GROUP BY clip_id),
+          cap AS (SELECT clip_id, list(text) AS captions FROM captions GROUP BY clip_id)
+          SELECT c.*, a.source_tier, l.object_sha256, l."offset", l.length, l.tokens,
+                 s.a, s.m, s.o, cap.captions
+          FROM clips c JOIN assets a USING (asset_id) JOIN latents l USING (clip_id)
+          JOIN s USING (clip_id) JOIN cap USING (clip_id)
+          WHERE s.a >= 2 AND s.m >= 0.05 AND s.o <= 0.8
+          ORDER BY c.clip_id
+        ) TO '"""
+        + str(out)
+        + "' (FORMAT parquet)"
+    )
+    con.close()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clips", type=int, default=1_000_000)
+    parser.add_argument("--plan-rows", type=int, default=10_000_000)
+    args = parser.parse_args()
+    from materializer.cut import build_artifacts
+
+    with tempfile.TemporaryDirectory(prefix="vidlake-bench-cut-") as tmp:
+        root = Path(tmp)
+        t0 = time.perf_counter()
+        catalog = build_catalog(root / "lake", args.clips)
+        build_s = time.perf_counter() - t0
+        floor_s = floor_join(catalog, root / "floor.parquet")
+        stages: dict[str, float] = {}
+        last = [time.perf_counter(), ""]
+
+        def progress(stage: str, fraction: float) -> None:
+            now = time.perf_counter()
+            if fraction == 0.0:
+                last[0], last[1] = now, stage
+            elif fraction >= 1.0 and stage == last[1]:
+                stages[stage] = stages.get(stage, 0.0) + now - float(last[0])
+
+        out = root / "cut"
+        out.mkdir()
+        t0 = time.perf_counter()
+        _, snap = build_artifacts(catalog, load_recipe(_recipe(args.plan_rows)), out, progress=progress)
+        cut_s = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        json.dumps(
+            {
+                "clips": args.clips,
+                "samples": snap["counts"]["samples"],
+                "plan_rows": snap["plan_rows"],
+                "cut_s": round(cut_s, 3),
+                "floor_s": round(floor_s, 3),
+                "ratio": round(cut_s / floor_s, 3),
+                "plan_rows_per_s": round(snap["plan_rows"] / max(stages.get("plan", 1e-9), 1e-9)),
+                "stages_s": {k: round(v, 3) for k, v in stages.items()},
+                "build_catalog_s": round(build_s, 1),
+                "peak_rss_mb": round(peak),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,360 @@
+"""Cutting a snapshot: recipe + pinned catalog state + seed → registered version N.
+
+Stages (each reported through ``progress(stage, fraction)``): ``pin``, ``scan``,
+``join``, ``embeddings`` (in :func:`materializer.select.select`), ``scatter``,
+``plan``, ``index``, ``manifest``, ``lineage``, ``publish``.
+
+The data artifacts (``manifest.parquet``, ``plan.arrow``, ``index.arrow``,
+``lineage.arrow``) are pure functions of (recipe, pin, seed, code version): cutting the
+same recipe at the same pin twice gives byte-identical files. ``snapshot.json`` differs
+only in ``version`` and ``parent``.
+
+``lineage.arrow`` answers "which steps served this row" in O(1): one record per
+manifest row (``row``, ``steps: large_list<int64>``), built by one stable argsort over the
+flattened plan. It is uncompressed Arrow IPC, so the service memory-maps it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from catalog.errors import InvalidInput
+from loader.format import FORMAT_VERSION, INDEX_SCHEMA
+from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_permutation, write_plan
+from materializer.recipe import Recipe
+from materializer.select import Selection, check_pools, select
+
+if TYPE_CHECKING:
+    from catalog.catalog import Pin, VidlakeCatalog
+    from manifests.registry import Registry, SnapshotRecord
+
+__all__ = ["LINEAGE_NAME", "LINEAGE_SCHEMA", "build_artifacts", "code_version", "cut_snapshot"]
+
+Progress = Callable[[str, float], None]
+
+LINEAGE_NAME = "lineage.arrow"
+LINEAGE_SCHEMA = pa.schema(
+    [
+        pa.field("row", pa.int64(), nullable=False),
+        pa.field("steps", pa.large_list(pa.int64()), nullable=False),
+    ],
+    metadata={"vidlake.format": str(FORMAT_VERSION), "vidlake.artifact": "lineage"},
+)
+
+_PARQUET_OPTIONS: dict[str, Any] = {
+    "compression": "zstd",
+    "compression_level": 3,
+    "row_group_size": 256 * 1024,
+    "use_dictionary": True,
+    "write_statistics": True,
+}
+
+
+def code_version() -> str:
+    """The installed vidlake version (part of a snapshot's identity)."""
+    try:
+        return metadata.version("vidlake")
+    except metadata.PackageNotFoundError:  # pragma: no cover - running from a bare tree
+        return "0+unknown"
+
+
+def cut_snapshot(
+    catalog: VidlakeCatalog,
+    registry: Registry,
+    recipe: Recipe,
+    *,
+    progress: Progress | None = None,
+    workdir: str | os.PathLike[str] | None = None,
+) -> SnapshotRecord:
+    """Cut ``recipe`` at its catalog pin and register it as the next version.
+
+    Raises:
+        InvalidRecipe: The recipe does not fit the catalog (e.g. a phase has no samples).
+        Conflict: Another cutter claimed the version first; nothing was registered.
+    """
+    report = progress or (lambda stage, fraction: None)
+    with tempfile.TemporaryDirectory(prefix="vidlake-cut-", dir=workdir) as tmp:
+        artifacts, snapshot = build_artifacts(catalog, recipe, Path(tmp), progress=report)
+        report("publish", 0.0)
+        record = registry.publish(artifacts, snapshot, parent=registry.next_parent())
+        report("publish", 1.0)
+    return record
+
+
+def resolve_pin(catalog: VidlakeCatalog, recipe: Recipe) -> Pin:
+    """The recipe's pin: the catalog's current state, or the explicit snapshot ids."""
+    from catalog.catalog import Pin
+
+    if recipe.catalog_pin == "latest":
+        return catalog.pin()
+    return Pin(dict(recipe.catalog_pin))
+
+
+def build_artifacts(
+    catalog: VidlakeCatalog,
+    recipe: Recipe,
+    out: Path,
+    *,
+    progress: Progress | None = None,
+) -> tuple[dict[str, Path], dict[str, Any]]:
+    """Write every artifact of a cut into ``out``; return their paths and snapshot.json.
+
+    ``snapshot.json`` lacks ``version``, ``parent`` and ``artifacts``, which the
+    registry fills when it publishes.
+    """
+    report = progress or (lambda stage, fraction: None)
+    report("pin", 0.0)
+    pin = resolve_pin(catalog, recipe)
+    report("pin", 1.0)
+    selection = select(catalog, recipe, pin, progress=report)
+    if selection.samples.num_rows == 0:
+        raise InvalidInput(
+            "the recipe selects no samples at this catalog state",
+            drops=selection.drops,
+            candidates=selection.candidates,
+        )
+    check_pools(recipe, selection.samples)
+
+    report("scatter", 0.0)
+    samples = _scatter(selection.samples, recipe.seed)
+    report("scatter", 1.0)
+
+    report("plan", 0.0)
+    phases = _phase_specs(recipe, samples)
+    plan_path = out / "plan.arrow"
+    summary = write_plan(plan_path, phases, recipe.seed, num_streams=len(recipe.streams))
+    report("plan", 1.0)
+
+    report("index", 0.0)
+    index_path = out / "index.arrow"
+    _write_ipc(index_path, _index_table(samples))
+    report("index", 1.0)
+
+    report("manifest", 0.0)
+    manifest_path = out / "manifest.parquet"
+    _write_parquet(manifest_path, _manifest_table(recipe, samples))
+    report("manifest", 1.0)
+
+    report("lineage", 0.0)
+    lineage_path = out / LINEAGE_NAME
+    _write_ipc(lineage_path, _lineage_table(plan_path, samples.num_rows))
+    report("lineage", 1.0)
+
+    snapshot = _snapshot_doc(recipe, pin, selection, samples, summary)
+    artifacts = {
+        "manifest.parquet": manifest_path,
+        "plan.arrow": plan_path,
+        "index.arrow": index_path,
+        LINEAGE_NAME: lineage_path,
+    }
+    return artifacts, snapshot
+
+
+# -- stages ---------------------------------------------------------------------------
+def _scatter(samples: pa.Table, seed: int) -> pa.Table:
+    """Manifest order: a seeded permutation by sample id (independent of input order)."""
+    sample_ids = pc.binary_join_element_wise(samples["clip_id"], samples["rung"], "@")
+    order = scatter_permutation(sample_ids, seed)
+    out = samples.take(pa.array(order))
+    return out.add_column(0, "row", pa.array(np.arange(out.num_rows, dtype=np.int64)))
+
+
+def _phase_specs(recipe: Recipe, samples: pa.Table) -> list[PhaseSpec]:
+    names = [s.name for s in recipe.streams]
+    keys = recipe.buckets.bucket_keys()
+    specs = []
+    for i, phase in enumerate(recipe.phases):
+        mask = pc.equal(samples["rung"], phase.rung)
+        if phase.tiers is not None:
+            mask = pc.and_(mask, pc.is_in(samples["tier"], pa.array(list(phase.tiers))))
+        weighted = [names.index(n) for n in phase.weights]
+        mask = pc.and_(mask, pc.is_in(samples["stream"], pa.array(weighted, pa.int32())))
+        part = samples.filter(mask)
+        pool = Pool(
+            row=part["row"].to_numpy(),
+            stream=part["stream"].to_numpy(),
+            bucket=part["bucket"].to_numpy(),
+            tokens=part["tokens"].to_numpy(),
+        )
+        specs.append(
+            PhaseSpec(
+                index=i,
+                pool=pool,
+                global_batch={b: phase.global_batch.for_bucket(k) for b, k in enumerate(keys)},
+                stream_weights={names.index(n): w for n, w in phase.weights.items()},
+                num_steps=phase.steps,
+                token_budget=phase.token_budget,
+                rank_multiple=phase.rank_multiple,
+            )
+        )
+    return specs
+
+
+def _index_table(samples: pa.Table) -> pa.Table:
+    n = samples.num_rows
+    empty_lists = pa.array([[]] * n, pa.list_(pa.string())) if n else None
+    captions = samples["captions"]
+    embeddings = samples["text_embedding_sha256"]
+    columns: dict[str, Any] = {
+        "row": samples["row"],
+        "clip_id": samples["clip_id"],
+        "asset_id": samples["asset_id"],
+        "stream": samples["stream"],
+        "bucket": samples["bucket"],
+        "num_frames": pc.cast(samples["latent_frames"], pa.int32()),
+        "tokens": samples["tokens"],
+        "object_sha256": samples["object_sha256"],
+        "offset": samples["offset"],
+        "length": samples["length"],
+        "member_sha256": samples["member_sha256"],
+        "format": samples["format"],
+        "tensor_keys": samples["tensor_keys"],
+        "captions": pc.fill_null(captions, empty_lists) if n else captions,
+        "text_embedding_sha256": pc.fill_null(embeddings, empty_lists) if n else embeddings,
+    }
+    table = pa.table({k: columns[k] for k in INDEX_SCHEMA.names})
+    return table.cast(INDEX_SCHEMA).combine_chunks()
+
+
+def _manifest_table(recipe: Recipe, samples: pa.Table) -> pa.Table:
+    """Every column of the sample view, plus lineage refs: the score versions used."""
+    versions = json.dumps(recipe.score_versions(), sort_keys=True)
+    names = [s.name for s in recipe.streams]
+    stream_names = pc.take(pa.array(names, pa.string()), samples["stream"])
+    keys = recipe.buckets.bucket_keys()
+    bucket_keys = pc.take(pa.array(list(keys), pa.string()), samples["bucket"])
+    table = samples.append_column("stream_name", stream_names)
+    table = table.append_column("bucket_key", bucket_keys)
+    table = table.append_column(
+        "score_versions", pa.array([versions] * samples.num_rows, pa.string())
+    )
+    table = table.append_column(
+        "caption_version", pa.array([recipe.captions.version] * samples.num_rows, pa.string())
+    )
+    return table.combine_chunks()
+
+
+def _lineage_table(plan_path: Path, num_rows: int) -> pa.Table:
+    """Per manifest row, the sorted steps that serve it (one stable argsort)."""
+    with pa.memory_map(str(plan_path)) as source:
+        reader = pa.ipc.open_file(source)
+        rows_parts, steps_parts = [], []
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            lists = batch.column("rows")
+            flat = pc.list_flatten(lists).to_numpy()
+            lengths = pc.list_value_length(lists).to_numpy()
+            steps = np.repeat(batch.column("step").to_numpy(), lengths)
+            rows_parts.append(np.array(flat, dtype=np.int64))
+            steps_parts.append(steps.astype(np.int64))
+    rows = np.concatenate(rows_parts) if rows_parts else np.zeros(0, np.int64)
+    steps = np.concatenate(steps_parts) if steps_parts else np.zeros(0, np.int64)
+    order = np.argsort(rows, kind="stable")  # steps stay ascending within a row
+    counts = np.bincount(rows, minlength=num_rows)
+    offsets = np.zeros(num_rows + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    values = pa.array(steps[order], pa.int64())
+    lists = pa.LargeListArray.from_arrays(pa.array(offsets), values)
+    table = pa.table(
+        {"row": pa.array(np.arange(num_rows, dtype=np.int64)), "steps": lists},
+        schema=LINEAGE_SCHEMA,
+    )
+    return table
+
+
+def _snapshot_doc(
+    recipe: Recipe,
+    pin: Pin,
+    selection: Selection,
+    samples: pa.Table,
+    summary: PlanSummary,
+) -> dict[str, Any]:
+    keys = recipe.buckets.bucket_keys()
+    plan = summary.to_dict()
+    stream_names = selection.stream_names
+    shares = {stream_names[int(k)]: v for k, v in plan["stream_shares"].items()}
+    first = 0
+    phases = []
+    for phase, detail in zip(recipe.phases, summary.phases, strict=True):
+        phases.append(
+            {
+                "name": phase.name,
+                "rung": phase.rung,
+                "first_step": first,
+                "num_steps": detail.num_steps,
+                "rank_multiple": phase.rank_multiple,
+                "plan_rows": detail.plan_rows,
+                "tokens": detail.tokens,
+                "unit": detail.unit,
+                "targets": {n: w for n, w in phase.weights.items()},
+                "realized": {
+                    stream_names[int(k)]: v
+                    for k, v in _shares(detail.stream_samples, detail.stream_tokens, detail.unit)
+                },
+                "share_bound": {stream_names[int(k)]: v for k, v in detail.share_bound.items()},
+                "max_deviation": {stream_names[int(k)]: v for k, v in detail.max_deviation.items()},
+            }
+        )
+        first += detail.num_steps
+    buckets = []
+    for b, key in enumerate(keys):
+        frames, aspect = key.split("x", 1)
+        buckets.append({"id": b, "key": key, "num_frames": int(frames), "aspect": aspect})
+    stream_counts = np.bincount(samples["stream"].to_numpy(), minlength=len(stream_names))
+    return {
+        "format": FORMAT_VERSION,
+        "recipe": json.loads(recipe.to_canonical_json()),
+        "recipe_sha256": recipe.sha256(),
+        "catalog_snapshot_ids": pin.to_dict(),
+        "seed": recipe.seed,
+        "code_version": code_version(),
+        "counts": {
+            "candidates": selection.candidates,
+            "samples": samples.num_rows,
+            "clips": int(pc.count_distinct(samples["clip_id"]).as_py()),
+            "assets": int(pc.count_distinct(samples["asset_id"]).as_py()),
+            "samples_per_stream": {
+                n: int(c) for n, c in zip(stream_names, stream_counts, strict=True)
+            },
+        },
+        "drops": selection.drops,
+        "stream_shares": shares,
+        "bucket_histogram": {keys[int(b)]: dict(v) for b, v in plan["bucket_histogram"].items()},
+        "stream_epochs": {stream_names[int(k)]: v for k, v in plan["stream_epochs"].items()},
+        "streams": stream_names,
+        "buckets": buckets,
+        "phases": phases,
+        "num_steps": summary.num_steps,
+        "plan_rows": summary.plan_rows,
+        "tokens": summary.tokens,
+    }
+
+
+def _shares(samples: Any, tokens: Any, unit: str) -> list[tuple[Any, float]]:
+    values = dict(tokens if unit == "tokens" else samples)
+    total = sum(values.values()) or 1
+    return [(k, v / total) for k, v in sorted(values.items())]
+
+
+def _write_ipc(path: Path, table: pa.Table) -> None:
+    options = pa.ipc.IpcWriteOptions(compression=None)
+    with (
+        pa.OSFile(str(path), "wb") as sink,
+        pa.ipc.new_file(sink, table.schema, options=options) as writer,
+    ):
+        writer.write_table(table, max_chunksize=1 << 20)
+
+
+def _write_parquet(path: Path, table: pa.Table) -> None:
+    pq.write_table(table, str(path), **_PARQUET_OPTIONS)

@@ -1,0 +1,153 @@
+"""Embedding-based drops: eval decontamination and SemDeDup-style semantic dedup.
+
+Both read vectors from :class:`catalog.embeddings.EmbeddingIndex` and work in numpy
+with exact, blocked matrix products, so they are deterministic for a given seed.
+
+SemDeDup (Abbas et al., 2023): cluster the embeddings with spherical k-means, order
+each cluster by the recipe's ``rank_by`` score (best first, ties by clip id), and drop
+a clip when at least ``keep_per_cluster`` *earlier* clips of its cluster have cosine
+similarity ``>= 1 - eps`` to it. With ``keep_per_cluster = 1`` this is the paper's
+rule: of every group of near-duplicates, the best-scored survives. Cost: k-means is
+``iterations * n * k * dim``; the in-cluster pass is ``sum(m_c^2) * dim`` for cluster
+sizes ``m_c`` (about ``n * cluster_size * dim``), in fixed-size blocks of memory.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+if TYPE_CHECKING:
+    from catalog.embeddings import EmbeddingIndex
+
+__all__ = ["eval_near_duplicates", "kmeans_assign", "semdedup", "semdedup_vectors"]
+
+_BLOCK = 2048
+_KMEANS_ITERATIONS = 10
+
+
+def eval_near_duplicates(
+    index: EmbeddingIndex, clip_ids: Sequence[str], max_distance: float
+) -> set[str]:
+    """Clip ids within cosine ``max_distance`` of any eval clip in ``index``."""
+    pairs = index.pairs_within(clip_ids, max_distance, against_split="eval")
+    return set(pairs["clip_id"].to_pylist())
+
+
+def semdedup(
+    index: EmbeddingIndex,
+    clip_ids: Sequence[str],
+    scores: NDArray[np.float64],
+    *,
+    eps: float,
+    keep_per_cluster: int = 1,
+    cluster_size: int | None = None,
+    num_clusters: int | None = None,
+    seed: int = 0,
+) -> set[str]:
+    """Clip ids SemDeDup drops. Clips without an embedding are kept.
+
+    Args:
+        index: Where the vectors are.
+        clip_ids: Candidate clips (unique).
+        scores: ``rank_by`` score per clip id, higher is better (NaN-free).
+        eps: Cosine-distance threshold: similarity ``>= 1 - eps`` is a duplicate.
+        keep_per_cluster: How many near-duplicates of one another may stay.
+        cluster_size: Target clip count per k-means cluster (default 5000).
+        num_clusters: Explicit cluster count (overrides ``cluster_size``).
+        seed: Seeds k-means.
+    """
+    found, vectors = index.vectors(clip_ids)
+    if not found:
+        return set()
+    position = {cid: i for i, cid in enumerate(clip_ids)}
+    found_scores = np.asarray([scores[position[c]] for c in found], dtype=np.float64)
+    drop = semdedup_vectors(
+        found,
+        vectors,
+        found_scores,
+        eps=eps,
+        keep_per_cluster=keep_per_cluster,
+        cluster_size=cluster_size,
+        num_clusters=num_clusters,
+        seed=seed,
+    )
+    return {found[i] for i in np.flatnonzero(drop)}
+
+
+def semdedup_vectors(
+    ids: Sequence[str],
+    vectors: NDArray[np.floating[Any]],
+    scores: NDArray[np.float64],
+    *,
+    eps: float,
+    keep_per_cluster: int = 1,
+    cluster_size: int | None = None,
+    num_clusters: int | None = None,
+    seed: int = 0,
+) -> NDArray[np.bool_]:
+    """The pure core of :func:`semdedup`: a drop mask aligned with ``ids``."""
+    n = len(ids)
+    unit = _normalise(vectors)
+    k = num_clusters or max(1, math.ceil(n / (cluster_size or 5000)))
+    labels = kmeans_assign(unit, min(k, n), seed)
+    drop = np.zeros(n, dtype=bool)
+    id_arr = np.asarray(ids, dtype=object)
+    threshold = np.float32(1.0 - eps)
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        # Best score first; ties by clip id so the order is total and stable.
+        order = members[np.lexsort((id_arr[members], -scores[members]))]
+        counts = _earlier_similar_counts(unit[order], threshold)
+        drop[order[counts >= keep_per_cluster]] = True
+    return drop
+
+
+def kmeans_assign(unit: NDArray[np.float32], k: int, seed: int) -> NDArray[np.int64]:
+    """Spherical k-means labels (seeded, fixed iteration count, exact assignment)."""
+    n = unit.shape[0]
+    if k <= 1:
+        return np.zeros(n, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    centroids = unit[np.sort(rng.choice(n, size=k, replace=False))].copy()
+    labels = np.zeros(n, dtype=np.int64)
+    for _ in range(_KMEANS_ITERATIONS):
+        for start in range(0, n, _BLOCK):
+            labels[start : start + _BLOCK] = np.argmax(
+                unit[start : start + _BLOCK] @ centroids.T, axis=1
+            )
+        sums = np.zeros_like(centroids, dtype=np.float64)
+        np.add.at(sums, labels, unit)
+        norms = np.linalg.norm(sums, axis=1, keepdims=True)
+        empty = norms[:, 0] == 0
+        sums[~empty] /= norms[~empty]
+        sums[empty] = centroids[empty]  # an empty cluster keeps its centroid
+        centroids = sums.astype(np.float32)
+    return labels
+
+
+def _earlier_similar_counts(unit: NDArray[np.float32], threshold: np.float32) -> NDArray[np.int64]:
+    """For each row j, how many rows i < j have ``unit[i] . unit[j] >= threshold``."""
+    m = unit.shape[0]
+    counts = np.zeros(m, dtype=np.int64)
+    for j0 in range(0, m, _BLOCK):
+        cols = unit[j0 : j0 + _BLOCK]
+        for i0 in range(0, j0 + len(cols), _BLOCK):
+            sim = unit[i0 : i0 + _BLOCK] @ cols.T  # rows i, columns j
+            hit = sim >= threshold
+            # Keep only i < j (global positions).
+            i_pos = np.arange(i0, i0 + hit.shape[0])[:, None]
+            j_pos = np.arange(j0, j0 + hit.shape[1])[None, :]
+            counts[j0 : j0 + hit.shape[1]] += np.sum(hit & (i_pos < j_pos), axis=0)
+    return counts
+
+
+def _normalise(vectors: NDArray[np.floating[Any]]) -> NDArray[np.float32]:
+    mat = np.asarray(vectors, dtype=np.float64)
+    norms = np.linalg.norm(mat, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return (mat / norms).astype(np.float32)

@@ -1,0 +1,430 @@
+"""Selection: a recipe at a pinned catalog state becomes the candidate samples of a cut.
+
+The pinned Iceberg scans are registered in an in-memory DuckDB as Arrow tables (never
+Python lists) and one query builds the clip view of ``docs/recipes.md``: clips x
+assets x latents (the recipe's tokenizer, each phase's rung) x pivoted scores (the
+named versions) x captions (the named version and kinds). Every candidate sample (a
+clip at one rung) gets the *first* reason it is dropped, in this order:
+
+``eval``, ``tombstoned``, ``quarantined``, ``duplicate_asset`` (a near-duplicate of a
+kept asset, linked at ingest), ``eval_duplicate_asset`` (near-duplicate of an eval
+asset), ``no_latent``, ``missing_score:<name>``, ``filter:<name>``, ``no_caption``,
+``no_bucket``, ``no_stream``; then, over embeddings, ``eval_near_duplicate`` and
+``semantic_dedup``; finally ``not_in_any_phase`` (no phase draws the sample: its tier
+is gated out or its stream has no weight at its rung).
+
+Counts are of candidate samples. Everything returned is sorted by ``(rung, clip_id)``
+so that the result does not depend on scan or thread order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numpy.typing import NDArray
+
+from catalog.errors import InvalidInput
+from materializer.dedup import eval_near_duplicates, semdedup
+from materializer.recipe import Recipe
+
+if TYPE_CHECKING:
+    from catalog.catalog import Pin, VidlakeCatalog
+
+__all__ = ["DROP_ORDER", "Selection", "select"]
+
+DROP_ORDER = (
+    "eval",
+    "tombstoned",
+    "quarantined",
+    "duplicate_asset",
+    "eval_duplicate_asset",
+    "no_latent",
+    "missing_score",
+    "filter",
+    "no_caption",
+    "no_bucket",
+    "no_stream",
+    "eval_near_duplicate",
+    "semantic_dedup",
+    "not_in_any_phase",
+)
+
+Progress = Callable[[str, float], None]
+
+
+@dataclass
+class Selection:
+    """The samples a cut keeps, and why the others were dropped.
+
+    Attributes:
+        samples: One row per kept sample, sorted by ``(rung, clip_id)``: the clip view
+            columns plus latent location, captions, tier, stream and bucket ids.
+        drops: Candidate samples dropped, by reason.
+        candidates: Candidate samples before any drop.
+        stream_names: Stream names by id (the recipe's order).
+    """
+
+    samples: pa.Table
+    drops: dict[str, int]
+    candidates: int
+    stream_names: list[str]
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def select(
+    catalog: VidlakeCatalog,
+    recipe: Recipe,
+    pin: Pin,
+    *,
+    progress: Progress | None = None,
+) -> Selection:
+    """Evaluate ``recipe`` against the catalog at ``pin``.
+
+    Args:
+        catalog: The catalog to read (only at ``pin``).
+        recipe: A validated recipe.
+        pin: The catalog state to read.
+        progress: Called with ``(stage, fraction)``.
+    """
+    report = progress or (lambda stage, fraction: None)
+    con = duckdb.connect(":memory:", config={"threads": 2})
+    try:
+        report("scan", 0.0)
+        _register_scans(con, catalog, recipe, pin, report)
+        report("join", 0.0)
+        table = con.sql(_candidate_sql(recipe), params=_candidate_params(recipe)).to_arrow_table()
+    finally:
+        con.close()
+    report("join", 1.0)
+    candidates = table.num_rows
+    drops: dict[str, int] = {}
+    table = _take_kept(table, drops)
+
+    # Buckets (vectorised in numpy through the recipe's lattice).
+    bucket = recipe.buckets.assign(
+        table["latent_frames"].to_numpy(zero_copy_only=False),
+        table["aspect"].to_numpy(zero_copy_only=False),
+    )
+    table = table.append_column("bucket", pa.array(bucket, pa.int32()))
+    table = _drop_where(table, pc.equal(table["bucket"], -1), "no_bucket", drops)
+    table = _drop_where(table, pc.is_null(table["stream"]), "no_stream", drops)
+
+    report("embeddings", 0.0)
+    table = _embedding_drops(catalog, recipe, table, drops)
+    report("embeddings", 1.0)
+    table = _phase_gate(recipe, table, drops)
+    table = table.sort_by([("rung", "ascending"), ("clip_id", "ascending")])
+    return Selection(
+        samples=table,
+        drops={k: drops[k] for k in sorted(drops)},
+        candidates=candidates,
+        stream_names=[s.name for s in recipe.streams],
+    )
+
+
+# -- scans ----------------------------------------------------------------------------
+_SCAN_COLUMNS: dict[str, list[str]] = {
+    "assets": [
+        "asset_id", "source", "source_tier", "license_id", "territory", "pii_class",
+        "probe_codec", "probe_bitrate", "split", "duplicate_of", "near_duplicates",
+    ],
+    "clips": [
+        "clip_id", "asset_id", "t_start_s", "t_end_s", "fps", "num_frames", "width",
+        "height", "split", "job_id",
+    ],
+    "latents": [
+        "clip_id", "rung", "tokenizer_version", "format", "object_sha256", "offset",
+        "length", "member_sha256", "tensor_keys", "latent_frames", "tokens", "job_id",
+        "ingested_at",
+    ],
+    "scores": ["clip_id", "filter_name", "filter_version", "score", "job_id", "computed_at"],
+    "captions": [
+        "clip_id", "caption_version", "kind", "text", "text_embedding_sha256",
+        "model_version", "ingested_at",
+    ],
+    "tombstones": ["asset_id", "kind"],
+    "asset_events": ["asset_id", "event", "at"],
+}  # fmt: skip
+
+
+def _register_scans(
+    con: duckdb.DuckDBPyConnection,
+    catalog: VidlakeCatalog,
+    recipe: Recipe,
+    pin: Pin,
+    report: Progress,
+) -> None:
+    rungs = sorted({p.rung for p in recipe.phases})
+    filters: dict[str, Any] = {
+        "latents": ("rung", rungs),
+        "captions": ("caption_version", [recipe.captions.version]),
+        "scores": ("filter_name", sorted(recipe.score_versions())),
+    }
+    for i, (name, columns) in enumerate(_SCAN_COLUMNS.items()):
+        row_filter = None
+        if name in filters:
+            from pyiceberg.expressions import In
+
+            col, values = filters[name]
+            row_filter = In(col, tuple(values)) if values else None
+        if name == "scores" and not recipe.score_versions():
+            table = _empty(catalog, name, columns)
+        else:
+            table = catalog.scan(
+                name, pin=pin, columns=columns, row_filter=row_filter, include_eval=True
+            )
+        con.register(f"raw_{name}", table)
+        report("scan", (i + 1) / len(_SCAN_COLUMNS))
+
+
+def _empty(catalog: VidlakeCatalog, name: str, columns: list[str]) -> pa.Table:
+    from catalog.tables import TABLES, arrow_schema
+
+    schema = arrow_schema(TABLES[name].schema)
+    return schema.empty_table().select(columns)
+
+
+# -- the candidate query ------------------------------------------------------------------
+def _candidate_params(recipe: Recipe) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "tokenizer": recipe.tokenizer_version,
+        "caption_version": recipe.captions.version,
+        "kinds": list(recipe.captions.kinds),
+    }
+    for i, (name, version) in enumerate(recipe.score_versions().items()):
+        params[f"score{i}_name"] = name
+        params[f"score{i}_version"] = version
+    return params
+
+
+def _candidate_sql(recipe: Recipe) -> str:
+    """One query: the clip view with latent, captions, tier, stream and a drop reason.
+
+    User values travel as parameters; identifiers in the text are recipe names (checked
+    against ``^[a-z][a-z0-9_]*$``) and predicates are sqlglot-normalised allowlisted
+    expressions (:func:`materializer.predicates.validate_predicate`).
+    """
+    versions = recipe.score_versions()
+    rungs = sorted({p.rung for p in recipe.phases})
+    rung_values = ", ".join(f"('{r}')" for r in rungs)  # rung matches ^[1-9][0-9]*p$
+    score_pairs = " OR ".join(
+        f"(filter_name = $score{i}_name AND filter_version = $score{i}_version)"
+        for i in range(len(versions))
+    )
+    score_cols = ", ".join(
+        f"max(score) FILTER (WHERE filter_name = '{n}') AS score_{n}" for n in versions
+    )
+    score_view_cols = "".join(f", s.score_{n}" for n in versions)
+    kinds_order = "list_position($kinds::VARCHAR[], kind)"
+
+    drop = ["WHEN c.split = 'eval' OR a.split = 'eval' THEN 'eval'"]
+    if recipe.exclusions.tombstoned:
+        drop.append("WHEN t.asset_id IS NOT NULL THEN 'tombstoned'")
+    if recipe.exclusions.quarantined:
+        drop.append("WHEN q.asset_id IS NOT NULL THEN 'quarantined'")
+    drop.append("WHEN a.duplicate_of IS NOT NULL THEN 'duplicate_asset'")
+    drop.append("WHEN ed.asset_id IS NOT NULL THEN 'eval_duplicate_asset'")
+    drop.append("WHEN l.clip_id IS NULL THEN 'no_latent'")
+    for f in recipe.filters:
+        drop.append(f"WHEN s.score_{f.name} IS NULL THEN 'missing_score:{f.name}'")
+        bounds = []
+        if f.min is not None:
+            bounds.append(f"s.score_{f.name} < {float(f.min)!r}")
+        if f.max is not None:
+            bounds.append(f"s.score_{f.name} > {float(f.max)!r}")
+        drop.append(f"WHEN {' OR '.join(bounds)} THEN 'filter:{f.name}'")
+    drop.append("WHEN cap.clip_id IS NULL THEN 'no_caption'")
+
+    tier_case = " ".join(f"WHEN {r.where} THEN '{r.name}'" for r in recipe.tiers.rules)
+    tier_expr = (
+        f"CASE {tier_case} ELSE '{recipe.tiers.default}' END"
+        if tier_case
+        else (f"'{recipe.tiers.default}'")
+    )
+    stream_case = " ".join(
+        f"WHEN {s.where} THEN {i}::INTEGER" for i, s in enumerate(recipe.streams)
+    )
+    return f"""
+WITH
+  assets AS (
+    SELECT * EXCLUDE (near_duplicates) FROM raw_assets
+    QUALIFY row_number() OVER (PARTITION BY asset_id ORDER BY asset_id) = 1
+  ),
+  eval_assets AS (SELECT asset_id FROM assets WHERE split = 'eval'),
+  eval_dups AS (
+    SELECT DISTINCT asset_id FROM (
+      SELECT a.asset_id FROM assets a JOIN eval_assets e ON a.duplicate_of = e.asset_id
+      UNION ALL
+      SELECT a.duplicate_of FROM assets a JOIN eval_assets e ON a.asset_id = e.asset_id
+        WHERE a.duplicate_of IS NOT NULL
+      UNION ALL
+      SELECT n.asset_id FROM (
+        SELECT asset_id, unnest(near_duplicates) AS other FROM raw_assets
+      ) n JOIN eval_assets e ON n.other = e.asset_id
+    )
+  ),
+  tomb AS (SELECT DISTINCT asset_id FROM raw_tombstones),
+  quar AS (
+    SELECT asset_id FROM raw_asset_events WHERE event IN ('quarantined', 'released')
+    GROUP BY asset_id HAVING arg_max(event, "at") = 'quarantined'
+  ),
+  lat AS (
+    SELECT * FROM raw_latents WHERE tokenizer_version = $tokenizer
+    QUALIFY row_number() OVER (
+      PARTITION BY clip_id, rung ORDER BY ingested_at DESC, object_sha256, member_sha256
+    ) = 1
+  ),
+  sc AS (
+    SELECT clip_id, filter_name, arg_max(score, computed_at) AS score
+    FROM raw_scores WHERE {score_pairs or "FALSE"} GROUP BY clip_id, filter_name
+  ),
+  s AS (SELECT clip_id{", " + score_cols if score_cols else ""} FROM sc GROUP BY clip_id),
+  cap1 AS (
+    SELECT clip_id, kind, arg_max(text, ingested_at) AS text,
+           arg_max(text_embedding_sha256, ingested_at) AS emb, {kinds_order} AS pos
+    FROM raw_captions WHERE caption_version = $caption_version AND {kinds_order} > 0
+    GROUP BY clip_id, kind
+  ),
+  cap AS (
+    SELECT clip_id, list(text ORDER BY pos) AS captions,
+           list(emb ORDER BY pos) AS text_embedding_sha256, count(*)::INTEGER AS caption_count
+    FROM cap1 GROUP BY clip_id
+  ),
+  rungs(rung) AS (VALUES {rung_values}),
+  base AS (
+    SELECT
+      c.clip_id, c.asset_id, c.t_start_s, c.t_end_s, c.t_end_s - c.t_start_s AS duration_s,
+      c.fps, c.num_frames, c.width, c.height, c.width::DOUBLE / c.height AS aspect,
+      a.source, a.source_tier, a.license_id, a.territory, a.pii_class,
+      a.probe_codec AS codec, a.probe_bitrate AS bitrate, r.rung,
+      l.latent_frames, l.tokens, coalesce(cap.caption_count, 0) AS caption_count
+      {score_view_cols},
+      l.format, l.object_sha256, l."offset", l.length, l.member_sha256, l.tensor_keys,
+      l.job_id AS latent_job_id, c.job_id AS clip_job_id,
+      cap.captions, cap.text_embedding_sha256,
+      CASE {" ".join(drop)} ELSE NULL END AS drop_reason
+    FROM raw_clips c
+    CROSS JOIN rungs r
+    JOIN assets a ON a.asset_id = c.asset_id
+    LEFT JOIN tomb t ON t.asset_id = c.asset_id
+    LEFT JOIN quar q ON q.asset_id = c.asset_id
+    LEFT JOIN eval_dups ed ON ed.asset_id = c.asset_id
+    LEFT JOIN lat l ON l.clip_id = c.clip_id AND l.rung = r.rung
+    LEFT JOIN s ON s.clip_id = c.clip_id
+    LEFT JOIN cap ON cap.clip_id = c.clip_id
+  ),
+  tiered AS (SELECT *, {tier_expr} AS tier FROM base WHERE drop_reason IS NULL)
+SELECT base.*, NULL::VARCHAR AS tier, NULL::INTEGER AS stream FROM base
+WHERE drop_reason IS NOT NULL
+UNION ALL BY NAME
+SELECT *, CASE {stream_case} ELSE NULL END AS stream FROM tiered
+ORDER BY rung, clip_id
+"""
+
+
+def _take_kept(table: pa.Table, drops: dict[str, int]) -> pa.Table:
+    reasons = table["drop_reason"]
+    dropped = table.filter(pc.is_valid(reasons))
+    if dropped.num_rows:
+        counts = pc.value_counts(dropped["drop_reason"])
+        for item in counts.to_pylist():
+            drops[item["values"]] = drops.get(item["values"], 0) + int(item["counts"])
+    return table.filter(pc.is_null(reasons)).drop_columns(["drop_reason"])
+
+
+def _drop_where(
+    table: pa.Table, mask: pa.ChunkedArray | pa.Array, reason: str, drops: dict[str, int]
+) -> pa.Table:
+    mask = pc.fill_null(mask, False)
+    n = int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
+    if n:
+        drops[reason] = drops.get(reason, 0) + n
+        table = table.filter(pc.invert(mask))
+    return table
+
+
+# -- embeddings: eval decontamination and semantic dedup ---------------------------------------
+def _embedding_drops(
+    catalog: VidlakeCatalog, recipe: Recipe, table: pa.Table, drops: dict[str, int]
+) -> pa.Table:
+    clip_ids = pc.unique(table["clip_id"])
+    excl = recipe.exclusions.eval_near_duplicates
+    if excl is not None and len(clip_ids):
+        index = catalog.embeddings(excl.embedding_model)
+        bad = eval_near_duplicates(index, clip_ids.to_pylist(), excl.max_distance)
+        table = _drop_where(
+            table,
+            pc.is_in(table["clip_id"], pa.array(sorted(bad), pa.string())),
+            "eval_near_duplicate",
+            drops,
+        )
+    dd = recipe.semantic_dedup
+    if dd is not None and table.num_rows:
+        clips = _one_row_per_clip(table, f"score_{dd.rank_by}")
+        index = catalog.embeddings(dd.embedding_model)
+        dropped = semdedup(
+            index,
+            clips["clip_id"].to_pylist(),
+            _scores(clips, f"score_{dd.rank_by}", dd.higher_is_better),
+            eps=dd.eps,
+            keep_per_cluster=dd.keep_per_cluster,
+            cluster_size=dd.cluster_size,
+            num_clusters=dd.num_clusters,
+            seed=recipe.seed,
+        )
+        table = _drop_where(
+            table,
+            pc.is_in(table["clip_id"], pa.array(sorted(dropped), pa.string())),
+            "semantic_dedup",
+            drops,
+        )
+    return table
+
+
+def _one_row_per_clip(table: pa.Table, score_col: str) -> pa.Table:
+    clips = table.select(["clip_id", score_col]).group_by("clip_id").aggregate([(score_col, "max")])
+    return clips.rename_columns(["clip_id", score_col]).sort_by("clip_id")
+
+
+def _scores(clips: pa.Table, col: str, higher_is_better: bool) -> NDArray[np.float64]:
+    values = clips[col].to_numpy(zero_copy_only=False).astype(np.float64)
+    values = np.nan_to_num(values, nan=-np.inf)
+    return values if higher_is_better else -values
+
+
+def _phase_gate(recipe: Recipe, table: pa.Table, drops: dict[str, int]) -> pa.Table:
+    """Drop samples no phase can draw: tier gated out, or stream without weight."""
+    names = [s.name for s in recipe.streams]
+    keep = pa.array(np.zeros(table.num_rows, dtype=bool))
+    for phase in recipe.phases:
+        mask = pc.equal(table["rung"], phase.rung)
+        if phase.tiers is not None:
+            mask = pc.and_(mask, pc.is_in(table["tier"], pa.array(list(phase.tiers))))
+        streams = [names.index(n) for n in phase.weights]
+        mask = pc.and_(mask, pc.is_in(table["stream"], pa.array(streams, pa.int32())))
+        keep = pc.or_(keep, mask)
+    return _drop_where(table, pc.invert(keep), "not_in_any_phase", drops)
+
+
+def check_pools(recipe: Recipe, samples: pa.Table) -> None:
+    """Every weighted stream of every phase must have samples, else the plan is undefined."""
+    names = [s.name for s in recipe.streams]
+    for i, phase in enumerate(recipe.phases):
+        mask = pc.equal(samples["rung"], phase.rung)
+        if phase.tiers is not None:
+            mask = pc.and_(mask, pc.is_in(samples["tier"], pa.array(list(phase.tiers))))
+        present = set(pc.unique(samples.filter(mask)["stream"]).to_pylist())
+        missing = [n for n in phase.weights if names.index(n) not in present]
+        if missing:
+            raise InvalidInput(
+                f"phases[{i}] ({phase.name}): no samples for stream(s) {missing} at rung "
+                f"{phase.rung} after selection; lower their weight to zero or relax the recipe",
+                phase=phase.name,
+                streams=missing,
+            )
