@@ -1,0 +1,949 @@
+"""The node cache: one bounded, verified, SHA-256-addressed object cache per machine.
+
+Every process of a node (ranks, DataLoader workers, the CLI) opens the same directory::
+
+    <root>/cache.db                SQLite (WAL): budget, entries, leases, statistics
+    <root>/objects/ab/abcd…        ready objects, named by their SHA-256
+    <root>/tmp/<token>/abcd…       downloads in flight, one private folder each
+
+How it stays correct (docs/cache.md has the long version):
+
+* **Reserve, then transfer.** A miss inserts a ``downloading`` row holding the object's
+  size inside a write transaction, evicting unleased LRU entries first, so that the
+  bytes of ready *and* in-flight objects never exceed the budget. Files are unlinked
+  inside that transaction, before the reservation is visible, so the bytes on disk
+  never exceed the accounted bytes either. A failed download deletes its temp folder
+  and then its row (its reservation) in one transaction.
+* **One download per object.** The row is the inter-process lock: whoever inserts it
+  downloads; others poll it until it turns ``ready`` (or its owner dies).
+* **Leases.** A reader inserts a lease row before it touches the file; eviction, inside
+  a write transaction, only picks entries without lease rows.
+* **Verified bytes only.** A download is hashed before it is renamed into place. A hit
+  is stat-checked (size) and, with ``verify_hits``, hashed — unless this process has
+  already verified the very same file (same device, inode, size, mtime and ctime: any
+  write through the filesystem changes mtime/ctime, and ctime cannot be set back). A
+  corrupt hit is dropped and fetched again.
+* **Dead processes.** Leases and downloads carry the owner's pid, its start time (from
+  ``/proc/<pid>/stat``, so that a reused pid does not look alive) and its pid
+  namespace; opening the cache reclaims what dead owners left. Rows from an earlier
+  boot are all dead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sqlite3
+import threading
+import time
+import uuid
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from catalog.errors import CacheError, CacheFull, ChecksumMismatch, InvalidInput
+from catalog.hashing import require_sha256, sha256_file
+
+__all__ = ["DEFAULT_RESERVE_BYTES", "Fetch", "NodeCache"]
+
+log = logging.getLogger("vidlake.cache")
+
+#: Free space kept on the cache's filesystem by default.
+DEFAULT_RESERVE_BYTES = 1 << 30
+#: A function that writes an object's bytes to the path it is given.
+Fetch = Callable[[Path], object]
+
+_SCHEMA_VERSION = "1"
+_BUSY_TIMEOUT_S = 60.0
+_POLL_MIN_S, _POLL_MAX_S = 0.001, 0.05
+_FINGERPRINTS_MAX = 100_000
+_STATS = (
+    "entries",
+    "bytes",
+    "reserved",
+    "hits",
+    "misses",
+    "bytes_downloaded",
+    "evictions",
+    "corrupt_refetches",
+    "reclaimed",
+)
+
+
+def _trigger(event: str, when: str, terms: tuple[tuple[str, str], ...]) -> str:
+    """A trigger that keeps the entry and byte totals in ``stats`` exact, so that no
+    reservation needs a SUM over every row."""
+    body = [
+        f"UPDATE stats SET value = value {sign} CASE WHEN {row}.state = '{state}'"
+        f" THEN {value} ELSE 0 END WHERE name = '{stat}';"
+        for sign, row in terms
+        for stat, value, state in (
+            ("entries", "1", "ready"),
+            ("bytes", f"{row}.size", "ready"),
+            ("reserved", f"{row}.size", "downloading"),
+        )
+    ]
+    return (
+        f"CREATE TRIGGER IF NOT EXISTS entries_{event} AFTER {when} ON entries "
+        f"BEGIN {' '.join(body)} END"
+    )
+
+
+_SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS stats (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+    """CREATE TABLE IF NOT EXISTS entries (
+        sha256 TEXT PRIMARY KEY, size INTEGER NOT NULL,
+        state TEXT NOT NULL CHECK (state IN ('downloading', 'ready')),
+        gen TEXT NOT NULL, pid INTEGER, pid_start INTEGER, pid_ns INTEGER,
+        last_access INTEGER NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS entries_lru ON entries (state, last_access)",
+    """CREATE TABLE IF NOT EXISTS leases (
+        id INTEGER PRIMARY KEY, sha256 TEXT NOT NULL, pid INTEGER NOT NULL,
+        pid_start INTEGER NOT NULL, pid_ns INTEGER NOT NULL, at INTEGER NOT NULL)""",
+    "CREATE INDEX IF NOT EXISTS leases_key ON leases (sha256)",
+    _trigger("insert", "INSERT", (("+", "NEW"),)),
+    _trigger("delete", "DELETE", (("-", "OLD"),)),
+    # Only state and size move the totals; hits update last_access and skip this.
+    _trigger("update", "UPDATE OF state, size", (("-", "OLD"), ("+", "NEW"))),
+]
+_EVICTABLE = """SELECT sha256, size FROM entries AS e WHERE state = 'ready'
+    AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.sha256 = e.sha256) ORDER BY last_access"""
+# Ready bytes under a lease: walks the (few) leases, not the (many) entries.
+_LEASED_BYTES = """SELECT COALESCE(SUM(e.size), 0) FROM (SELECT DISTINCT sha256 FROM leases) AS l
+    JOIN entries AS e ON e.sha256 = l.sha256 WHERE e.state = 'ready'"""
+
+# Connections inherited through fork() must never be used or closed in the child (SQLite
+# forbids it; closing could even drop the parent's WAL): they are parked here for good.
+_INHERITED: list[sqlite3.Connection] = []
+_INSTANCES: weakref.WeakSet[NodeCache] = weakref.WeakSet()
+
+
+@dataclass(frozen=True)
+class _Proc:
+    """A process identity that survives pid reuse: pid, start time, pid namespace."""
+
+    pid: int
+    start: int
+    ns: int
+
+
+_HAS_PROC = os.path.exists("/proc/self/stat")
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) of a live process; None when absent."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = data[data.rindex(b")") + 2 :].split()
+    return fields[0].decode(), int(fields[19])
+
+
+def _me() -> _Proc:
+    pid = os.getpid()
+    if not _HAS_PROC:
+        return _Proc(pid, 0, 0)
+    stat = _proc_stat(pid)
+    try:
+        ns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        ns = 0
+    return _Proc(pid, stat[1] if stat else 0, ns)
+
+
+def _alive(owner: _Proc, me: _Proc) -> bool:
+    if owner.ns != me.ns:
+        # Another pid namespace (container): its pids mean nothing here, so never
+        # reclaim its rows (a reboot does). docs/cache.md says to share a namespace.
+        return True
+    if owner.pid == me.pid:
+        return owner.start == me.start
+    if _HAS_PROC:
+        stat = _proc_stat(owner.pid)
+        # A zombie (killed, not yet reaped) holds nothing any more.
+        return stat is not None and stat[0] not in ("Z", "X") and stat[1] == owner.start
+    try:
+        os.kill(owner.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _fingerprint(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _after_fork_in_child() -> None:
+    for cache in list(_INSTANCES):
+        cache._forget_process_state()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class NodeCache:
+    """A bounded, verified object cache shared by every process of a node.
+
+    Args:
+        root: The cache directory (on a local filesystem: SQLite WAL needs one).
+        budget_bytes: Bytes that ready plus in-flight objects may occupy. Stored with
+            the cache on creation; opening it with another value raises
+            :class:`CacheError`. ``None`` adopts the stored budget (for tools).
+        reserve_bytes: Free space to keep on the filesystem; a download that would
+            eat into it raises :class:`CacheFull` (``reason="disk"``).
+        verify_hits: Hash a hit unless this process already verified the unchanged
+            file. ``False`` checks only the size on hits (downloads are always hashed).
+        full_wait_s: How long a miss waits for leased or in-flight bytes to be
+            released when nothing else can be evicted, before raising CacheFull.
+
+    Raises:
+        CacheError: The stored budget differs, or there is no cache and no budget.
+        InvalidInput: A negative or zero size in the arguments.
+    """
+
+    def __init__(
+        self,
+        root: str | Path,
+        budget_bytes: int | None,
+        *,
+        reserve_bytes: int = DEFAULT_RESERVE_BYTES,
+        verify_hits: bool = True,
+        full_wait_s: float = 0.0,
+    ) -> None:
+        self._configure(root, budget_bytes, reserve_bytes, verify_hits, full_wait_s)
+        self._ensure_open()
+
+    def _configure(
+        self,
+        root: str | Path,
+        budget_bytes: int | None,
+        reserve_bytes: int,
+        verify_hits: bool,
+        full_wait_s: float,
+    ) -> None:
+        if budget_bytes is not None:
+            _require_count(budget_bytes, "budget_bytes", minimum=1)
+        _require_count(reserve_bytes, "reserve_bytes", minimum=0)
+        if not full_wait_s >= 0:
+            raise InvalidInput(
+                f"full_wait_s must be >= 0, got {full_wait_s!r}", field="full_wait_s"
+            )
+        self.root = Path(root).absolute()
+        self.reserve_bytes = reserve_bytes
+        self.verify_hits = verify_hits
+        self.full_wait_s = float(full_wait_s)
+        self._requested_budget = budget_bytes
+        self._budget: int | None = None
+        self._db_path = self.root / "cache.db"
+        self._objects = self.root / "objects"
+        self._tmp = self.root / "tmp"
+        self._closed = False
+        self._forget_process_state()
+        _INSTANCES.add(self)
+
+    def _forget_process_state(self) -> None:
+        """Drop what belongs to one process: connections, locks, verified files."""
+        for conn in getattr(self, "_conns", []):
+            _INHERITED.append(conn)
+        self._conns: list[sqlite3.Connection] = []
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._open_lock = threading.Lock()
+        self._verified: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._opened_pid: int | None = None
+        self._proc = _Proc(0, 0, 0)
+
+    # -- pickling: configuration only; the child reopens lazily ------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "root": str(self.root),
+            "budget_bytes": self._budget if self._budget is not None else self._requested_budget,
+            "reserve_bytes": self.reserve_bytes,
+            "verify_hits": self.verify_hits,
+            "full_wait_s": self.full_wait_s,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._configure(
+            state["root"],
+            state["budget_bytes"],
+            state["reserve_bytes"],
+            state["verify_hits"],
+            state["full_wait_s"],
+        )
+
+    def __repr__(self) -> str:
+        return f"NodeCache({str(self.root)!r}, budget_bytes={self._budget})"
+
+    def __enter__(self) -> NodeCache:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def budget_bytes(self) -> int:
+        """The budget every process sharing this cache works under."""
+        self._ensure_open()
+        assert self._budget is not None
+        return self._budget
+
+    def path_of(self, key_sha256: str) -> Path:
+        """Where a ready object lives (use it only under a lease)."""
+        key = require_sha256(key_sha256, "key_sha256")
+        return self._objects / key[:2] / key
+
+    # -- the lease ---------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lease(
+        self, key_sha256: str, size: int, fetch: Fetch, *, timeout: float | None = None
+    ) -> Iterator[Path]:
+        """Hold a verified local copy of an object for the duration of a ``with`` block.
+
+        Args:
+            key_sha256: The object's SHA-256 (lowercase hex).
+            size: Its size in bytes.
+            fetch: Called as ``fetch(tmp_path)`` on a miss; must write the object's
+                bytes to ``tmp_path``. The cache verifies them before use.
+            timeout: Seconds to wait for another process's download of the same
+                object; ``None`` waits while that process is alive.
+
+        Yields:
+            The path of a file holding exactly ``size`` bytes that hash to
+            ``key_sha256``; it is not evicted before the block ends.
+
+        Raises:
+            CacheFull: No room (budget, leases, disk reserve) or the object is larger
+                than the budget.
+            ChecksumMismatch: ``fetch`` wrote other bytes, or the cached object has
+                another size than ``size``.
+            CacheError: The wait timed out or the cache database is unusable.
+        """
+        key = require_sha256(key_sha256, "key_sha256")
+        _require_count(size, "size", minimum=0)
+        lease_id, path = self._acquire(key, size, fetch, timeout)
+        try:
+            yield path
+        finally:
+            self._release(lease_id)
+
+    def _acquire(
+        self, key: str, size: int, fetch: Fetch, timeout: float | None
+    ) -> tuple[int, Path]:
+        self._ensure_open()
+        if size > self.budget_bytes:
+            with self._tx(read=True) as db:
+                raise self._full("too_large", db, size)
+        started = time.monotonic()
+        path = self.path_of(key)
+        delay = _POLL_MIN_S
+        while True:
+            try:
+                action, lease_id, gen = self._claim(key, size)
+            except CacheFull as exc:
+                # Leased bytes come back when their readers finish: wait a while if asked.
+                reason = exc.details.get("reason")
+                if reason != "leased" or time.monotonic() - started >= self.full_wait_s:
+                    raise
+                self._reclaim_dead()
+                time.sleep(delay)
+                delay = min(delay * 2, _POLL_MAX_S)
+                continue
+            if action == "download":
+                return self._download(key, size, fetch, gen)
+            if action == "hit":
+                if self._check(key, size, path, force_hash=False):
+                    return lease_id, path
+                self._drop_corrupt(key, gen, lease_id, was_hit=True)
+            elif action == "wait":
+                self._wait_for_download(key, started, timeout)
+
+    def _wait_for_download(self, key: str, started: float, timeout: float | None) -> None:
+        """Poll, read-only and with backoff, until no live process is downloading ``key``."""
+        delay = _POLL_MIN_S
+        while True:
+            with self._tx(read=True) as db:
+                row = db.execute(
+                    "SELECT pid, pid_start, pid_ns FROM entries"
+                    " WHERE sha256 = ? AND state = 'downloading'",
+                    (key,),
+                ).fetchone()
+            if row is None or not _alive(_Proc(*row), self._proc):
+                return
+            if timeout is not None and time.monotonic() - started > timeout:
+                raise CacheError(
+                    f"timed out after {timeout}s waiting for pid {row[0]} to download {key}",
+                    key=key,
+                    pid=row[0],
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX_S)
+
+    def _claim(self, key: str, size: int) -> tuple[str, int, str]:
+        """One write transaction: lease a ready entry, reclaim a dead download, or
+        reserve room for a new one. Returns (action, lease id, generation)."""
+        now = time.time_ns()
+        with self._tx() as db:
+            # The common case, a hit, in one statement: touch it for LRU and read it.
+            row = (
+                db.execute(
+                    "UPDATE entries SET last_access = ? WHERE sha256 = ? AND state = 'ready'"
+                    " RETURNING state, size, gen, pid, pid_start, pid_ns",
+                    (now, key),
+                ).fetchone()
+                or db.execute(
+                    "SELECT state, size, gen, pid, pid_start, pid_ns FROM entries WHERE sha256 = ?",
+                    (key,),
+                ).fetchone()
+            )
+            if row is None:
+                return "download", 0, self._reserve(db, key, size, now)
+            state, stored_size, gen = row[:3]
+            if stored_size != size:
+                raise ChecksumMismatch(
+                    f"object {key} is cached with {stored_size} bytes, not {size}",
+                    sha256=key,
+                    size=stored_size,
+                    expected_size=size,
+                )
+            if state == "ready":
+                lease_id = self._insert_lease(db, key, now)
+                _bump(db, hits=1)
+                return "hit", lease_id, gen
+            if _alive(_Proc(*row[3:]), self._proc):
+                return "wait", 0, gen
+            self._discard_download(db, key, gen)
+            _bump(db, reclaimed=1)
+            log.info("reclaimed the download of %s left by dead pid %s", key, row[3])
+            return "retry", 0, gen
+
+    def _reserve(self, db: sqlite3.Connection, key: str, size: int, now: int) -> str:
+        totals = _totals(db)
+        used = totals["bytes"] + totals["reserved"]
+        victims: list[tuple[str, int]] = []
+        freed = 0
+        if used + size > self.budget_bytes:
+            need = used + size - self.budget_bytes
+            cur = db.execute(_EVICTABLE)
+            for sha, sz in cur:
+                victims.append((sha, sz))
+                freed += sz
+                if freed >= need:
+                    break
+            cur.close()
+            if freed < need:
+                raise self._full("leased", db, size)
+        self._check_disk(db, size, freed)
+        # Unlink before the reservation commits: bytes on disk never exceed the books.
+        for sha, sz in victims:
+            self._evict(db, sha, sz)
+        gen = uuid.uuid4().hex
+        db.execute(
+            "INSERT INTO entries (sha256, size, state, gen, pid, pid_start, pid_ns, last_access)"
+            " VALUES (?, ?, 'downloading', ?, ?, ?, ?, ?)",
+            (key, size, gen, self._proc.pid, self._proc.start, self._proc.ns, now),
+        )
+        _bump(db, misses=1)
+        return gen
+
+    def _evict(self, db: sqlite3.Connection, key: str, size: int) -> None:
+        self.path_of(key).unlink(missing_ok=True)
+        db.execute("DELETE FROM entries WHERE sha256 = ?", (key,))
+        _bump(db, evictions=1)
+        self._forget(key)
+        log.debug("evicted %s (%d bytes)", key, size, extra={"sha256": key, "event": "evict"})
+
+    def _check_disk(self, db: sqlite3.Connection, size: int, freed: int) -> None:
+        # Bytes other downloads have reserved but not yet written will also leave the disk.
+        pending = 0
+        for sha, gen, sz in db.execute(
+            "SELECT sha256, gen, size FROM entries WHERE state = 'downloading'"
+        ):
+            try:
+                written = (self._tmp / gen / sha).stat().st_size
+            except FileNotFoundError:
+                written = 0
+            pending += max(sz - written, 0)
+        free = shutil.disk_usage(self.root).free
+        if free + freed - pending - size < self.reserve_bytes:
+            raise self._full("disk", db, size, free_disk=free, reserve=self.reserve_bytes)
+
+    def _full(self, reason: str, db: sqlite3.Connection, needed: int, **more: int) -> CacheFull:
+        totals = _totals(db)
+        used = totals["bytes"] + totals["reserved"]
+        leased = db.execute(_LEASED_BYTES).fetchone()[0] + totals["reserved"]
+        why = {
+            "too_large": "the object is larger than the whole budget",
+            "leased": "every other entry is leased or still downloading",
+            "disk": f"the filesystem would keep less than reserve_bytes={self.reserve_bytes} free",
+        }[reason]
+        return CacheFull(
+            f"node cache {self.root} cannot take {needed} bytes: {why} "
+            f"(budget {self.budget_bytes}, used {used}, leased or in flight {leased})",
+            reason=reason,
+            needed=needed,
+            budget=self.budget_bytes,
+            used=used,
+            leased=leased,
+            **more,
+        )
+
+    def _download(self, key: str, size: int, fetch: Fetch, gen: str) -> tuple[int, Path]:
+        work = self._tmp / gen
+        tmp = work / key
+        final = self.path_of(key)
+        lease_id: int | None = None
+        try:
+            work.mkdir(parents=True)
+            fetch(tmp)
+            try:
+                digest, got = sha256_file(tmp)
+            except FileNotFoundError:
+                digest, got = "", -1
+            if got != size or digest != key:
+                raise ChecksumMismatch(
+                    f"fetch wrote {got} bytes hashing to {digest or 'nothing'} for object {key}"
+                    f" of {size} bytes",
+                    sha256=key,
+                    actual=digest,
+                    size=got,
+                    expected_size=size,
+                )
+            # mtime in the past: any later write moves it, which the fast path notices.
+            now = time.time_ns()
+            os.utime(tmp, ns=(now, now - 1_000_000_000))
+            final.parent.mkdir(exist_ok=True)
+            with self._tx() as db:
+                row = db.execute(
+                    "SELECT state, gen FROM entries WHERE sha256 = ?", (key,)
+                ).fetchone()
+                if row != ("downloading", gen):
+                    raise CacheError(f"the reservation for {key} was reclaimed mid-download")
+                os.replace(tmp, final)
+                shutil.rmtree(work, ignore_errors=True)  # with its row: no stray folders
+                db.execute(
+                    "UPDATE entries SET state = 'ready', pid = NULL, pid_start = NULL,"
+                    " pid_ns = NULL, last_access = ? WHERE sha256 = ?",
+                    (time.time_ns(), key),
+                )
+                lease_id = self._insert_lease(db, key, time.time_ns())
+                _bump(db, bytes_downloaded=size)
+            self._remember(key, final)
+            return lease_id, final
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._abandon(key, gen, lease_id)
+            raise
+
+    def _abandon(self, key: str, gen: str, lease_id: int | None) -> None:
+        """Return a failed download's reservation (after deleting its bytes)."""
+        with self._tx() as db:
+            row = db.execute("SELECT state, gen FROM entries WHERE sha256 = ?", (key,)).fetchone()
+            if row == ("downloading", gen):  # else it committed: only the lease is ours
+                self._discard_download(db, key, gen)
+        if lease_id is not None:
+            self._release(lease_id)
+
+    def _discard_download(self, db: sqlite3.Connection, key: str, gen: str) -> None:
+        """Delete a 'downloading' row and its bytes (temp folder first, then the row)."""
+        shutil.rmtree(self._tmp / gen, ignore_errors=True)
+        # A failure (or crash) between the rename and its commit leaves a final file for
+        # a row that is still 'downloading': never accounted as ready, so it goes too.
+        self.path_of(key).unlink(missing_ok=True)
+        db.execute("DELETE FROM entries WHERE sha256 = ? AND gen = ?", (key, gen))
+
+    def _insert_lease(self, db: sqlite3.Connection, key: str, now: int) -> int:
+        cur = db.execute(
+            "INSERT INTO leases (sha256, pid, pid_start, pid_ns, at) VALUES (?, ?, ?, ?, ?)",
+            (key, self._proc.pid, self._proc.start, self._proc.ns, now),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def _release(self, lease_id: int) -> None:
+        try:
+            if self._closed:
+                with contextlib.closing(self._connect()) as conn:
+                    conn.execute("DELETE FROM leases WHERE id = ?", (lease_id,))
+            else:
+                self._conn().execute("DELETE FROM leases WHERE id = ?", (lease_id,))
+        except sqlite3.Error as exc:
+            # Never mask the caller's own exception; a dead owner's lease is reclaimed.
+            log.warning("could not release lease %d: %s", lease_id, exc)
+
+    # -- verification ------------------------------------------------------------------
+    def _check(self, key: str, size: int, path: Path, *, force_hash: bool) -> bool:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False
+        if st.st_size != size:
+            return False
+        if not self.verify_hits and not force_hash:
+            return True
+        fp = _fingerprint(st)
+        if not force_hash and self._verified.get(key) == fp:
+            return True
+        try:
+            digest, got = sha256_file(path)
+            after = _fingerprint(os.stat(path))
+        except FileNotFoundError:
+            return False
+        if digest != key or got != size:
+            return False
+        if after == fp:
+            self._store_fingerprint(key, fp)
+        return True
+
+    def _remember(self, key: str, path: Path) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._store_fingerprint(key, _fingerprint(os.stat(path)))
+
+    def _store_fingerprint(self, key: str, fp: tuple[int, ...]) -> None:
+        with self._lock:
+            self._verified[key] = fp
+            self._verified.move_to_end(key)
+            while len(self._verified) > _FINGERPRINTS_MAX:
+                self._verified.popitem(last=False)
+
+    def _forget(self, key: str) -> None:
+        with self._lock:
+            self._verified.pop(key, None)
+
+    def _drop_corrupt(self, key: str, gen: str, lease_id: int, *, was_hit: bool) -> None:
+        self._forget(key)
+        with self._tx() as db:
+            db.execute("DELETE FROM leases WHERE id = ?", (lease_id,))
+            row = db.execute(
+                "SELECT gen FROM entries WHERE sha256 = ? AND state = 'ready'", (key,)
+            ).fetchone()
+            # Only the generation we checked: another process may have replaced it.
+            dropped = row is not None and row[0] == gen
+            if dropped:
+                self.path_of(key).unlink(missing_ok=True)
+                db.execute("DELETE FROM entries WHERE sha256 = ?", (key,))
+                _bump(db, corrupt_refetches=1)
+            if was_hit:
+                _bump(db, hits=-1)
+        if dropped:
+            log.warning(
+                "cached object %s failed verification; dropped, fetched again on next use",
+                key,
+                extra={"sha256": key, "event": "corrupt"},
+            )
+
+    # -- maintenance (the CLI's `vidlake cache stats|verify|gc`) -----------------------
+    def stats(self) -> dict[str, Any]:
+        """Figures for humans and dashboards, as a JSON-ready dict."""
+        self._ensure_open()
+        with self._tx(read=True) as db:
+            totals = _totals(db)
+            leases = db.execute("SELECT COUNT(*) FROM leases").fetchone()[0]
+            leased = db.execute(_LEASED_BYTES).fetchone()[0] + totals["reserved"]
+        return {
+            "root": str(self.root),
+            "budget_bytes": self.budget_bytes,
+            "reserve_bytes": self.reserve_bytes,
+            **totals,
+            "used_bytes": totals["bytes"] + totals["reserved"],
+            "leases": leases,
+            "leased_bytes": leased,
+            "disk_free_bytes": shutil.disk_usage(self.root).free,
+        }
+
+    def verify(self) -> dict[str, Any]:
+        """Re-hash every ready entry (ignoring the fast path); drop corrupt ones.
+
+        Returns:
+            ``checked``, ``ok``, ``corrupt`` (their keys), ``bytes_checked``,
+            ``reclaimed`` (rows of dead processes) and ``orphans_removed`` (files the
+            database does not know).
+        """
+        self._ensure_open()
+        reclaimed = self._reclaim_dead()
+        with self._tx(read=True) as db:
+            keys = [r[0] for r in db.execute("SELECT sha256 FROM entries WHERE state = 'ready'")]
+        checked = ok = nbytes = 0
+        corrupt: list[str] = []
+        for key in sorted(keys):
+            now = time.time_ns()
+            with self._tx() as db:
+                row = db.execute(
+                    "SELECT gen, size FROM entries WHERE sha256 = ? AND state = 'ready'", (key,)
+                ).fetchone()
+                lease_id = self._insert_lease(db, key, now) if row else None
+            if row is None or lease_id is None:
+                continue  # evicted meanwhile
+            checked += 1
+            if self._check(key, row[1], self.path_of(key), force_hash=True):
+                ok += 1
+                nbytes += row[1]
+                self._release(lease_id)
+            else:
+                corrupt.append(key)
+                self._drop_corrupt(key, row[0], lease_id, was_hit=False)
+        return {
+            "checked": checked,
+            "ok": ok,
+            "corrupt": corrupt,
+            "bytes_checked": nbytes,
+            "reclaimed": reclaimed,
+            "orphans_removed": self._remove_orphans(),
+        }
+
+    def gc(self, target_bytes: int | None = None) -> dict[str, Any]:
+        """Reclaim what dead processes left, remove orphan files, and evict unleased
+        entries, least recently used first, until at most ``target_bytes`` are used
+        (default: the budget). Leased entries stay, even above the target."""
+        self._ensure_open()
+        target = self.budget_bytes if target_bytes is None else target_bytes
+        _require_count(target, "target_bytes", minimum=0)
+        reclaimed = self._reclaim_dead()
+        evicted = freed = 0
+        with self._tx() as db:
+            totals = _totals(db)
+            excess = totals["bytes"] + totals["reserved"] - target
+            victims: list[tuple[str, int]] = []
+            if excess > 0:
+                cur = db.execute(_EVICTABLE)
+                for sha, sz in cur:
+                    if freed >= excess:
+                        break
+                    victims.append((sha, sz))
+                    freed += sz
+                cur.close()
+            for sha, sz in victims:
+                self._evict(db, sha, sz)
+            evicted = len(victims)
+        orphans = self._remove_orphans()
+        after = self.stats()
+        return {
+            "target_bytes": target,
+            "evicted": evicted,
+            "bytes_freed": freed,
+            "reclaimed": reclaimed,
+            "orphans_removed": orphans,
+            "used_bytes": after["used_bytes"],
+            "leased_bytes": after["leased_bytes"],
+        }
+
+    def close(self) -> None:
+        """Close this process's database connections. Idempotent."""
+        self._closed = True
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
+        self._local = threading.local()
+
+    # -- opening, reclaiming ----------------------------------------------------------
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise CacheError(f"node cache {self.root} is closed", root=str(self.root))
+        if self._opened_pid == os.getpid():
+            return
+        if self._opened_pid is not None:  # forked without the hook: start afresh
+            self._forget_process_state()
+        with self._open_lock:
+            if self._opened_pid == os.getpid():
+                return
+            self._open()
+            self._opened_pid = os.getpid()
+
+    def _open(self) -> None:
+        if self._requested_budget is None and not self._db_path.exists():
+            raise CacheError(
+                f"no node cache at {self.root}; pass budget_bytes to create one",
+                root=str(self.root),
+            )
+        self._objects.mkdir(parents=True, exist_ok=True)
+        self._tmp.mkdir(exist_ok=True)
+        self._proc = _me()
+        with self._tx() as db:
+            for statement in _SCHEMA:
+                db.execute(statement)
+            db.executemany(
+                "INSERT OR IGNORE INTO stats (name, value) VALUES (?, 0)", [(n,) for n in _STATS]
+            )
+            meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+            if meta.get("schema", _SCHEMA_VERSION) != _SCHEMA_VERSION:
+                raise CacheError(
+                    f"node cache {self.root} has schema {meta['schema']}, "
+                    f"this code reads {_SCHEMA_VERSION}",
+                    root=str(self.root),
+                )
+            if "budget_bytes" not in meta:
+                assert self._requested_budget is not None
+                db.executemany(
+                    "INSERT INTO meta (key, value) VALUES (?, ?)",
+                    [
+                        ("schema", _SCHEMA_VERSION),
+                        ("budget_bytes", str(self._requested_budget)),
+                        ("boot_id", _boot_id()),
+                    ],
+                )
+                meta["budget_bytes"] = str(self._requested_budget)
+            stored = int(meta["budget_bytes"])
+            if self._requested_budget is not None and stored != self._requested_budget:
+                raise CacheError(
+                    f"node cache {self.root} has budget_bytes={stored}, not "
+                    f"{self._requested_budget}: every process sharing it must use one "
+                    "budget (pass budget_bytes=None to adopt the stored one)",
+                    root=str(self.root),
+                    budget_bytes=stored,
+                    requested=self._requested_budget,
+                )
+            self._budget = stored
+            self._reclaim(db, meta.get("boot_id"))
+
+    def _reclaim_dead(self) -> int:
+        with self._tx() as db:
+            return self._reclaim(db, None)
+
+    def _reclaim(self, db: sqlite3.Connection, stored_boot: str | None) -> int:
+        """Delete leases and downloads of dead processes, and stray temp folders."""
+        boot = _boot_id()
+        if stored_boot is not None and boot and stored_boot != boot:
+            # The machine rebooted: nobody from before can hold anything.
+            dead = {tuple(r) for r in db.execute("SELECT pid, pid_start, pid_ns FROM leases")}
+            dead |= {
+                tuple(r)
+                for r in db.execute(
+                    "SELECT pid, pid_start, pid_ns FROM entries WHERE state = 'downloading'"
+                )
+            }
+            db.execute("UPDATE meta SET value = ? WHERE key = 'boot_id'", (boot,))
+        else:
+            owners = db.execute(
+                "SELECT pid, pid_start, pid_ns FROM leases UNION SELECT pid, pid_start, pid_ns"
+                " FROM entries WHERE state = 'downloading'"
+            ).fetchall()
+            dead = {tuple(o) for o in owners if not _alive(_Proc(*o), self._proc)}
+        n = 0
+        for owner in dead:
+            n += db.execute(
+                "DELETE FROM leases WHERE pid = ? AND pid_start = ? AND pid_ns = ?", owner
+            ).rowcount
+            for key, gen in db.execute(
+                "SELECT sha256, gen FROM entries WHERE state = 'downloading'"
+                " AND pid = ? AND pid_start = ? AND pid_ns = ?",
+                owner,
+            ).fetchall():
+                self._discard_download(db, key, gen)
+                n += 1
+        # Temp folders are created after their row commits and removed before it goes,
+        # so under the write lock a folder without a 'downloading' row is garbage.
+        live = {r[0] for r in db.execute("SELECT gen FROM entries WHERE state = 'downloading'")}
+        for stray in self._tmp.iterdir():
+            if stray.name not in live:
+                _remove(stray)
+                n += 1
+        if n:
+            _bump(db, reclaimed=n)
+            log.info("reclaimed %d leases, downloads and temp files of dead processes", n)
+        return n
+
+    def _remove_orphans(self) -> int:
+        """Delete files under objects/ that no entry accounts for (they would escape the
+        budget). Listed without the lock, judged and deleted under it."""
+        found = [p for d in self._objects.iterdir() if d.is_dir() for p in d.iterdir()]
+        n = 0
+        with self._tx() as db:
+            for path in found:
+                known = db.execute(
+                    "SELECT 1 FROM entries WHERE sha256 = ? AND ? = substr(sha256, 1, 2)",
+                    (path.name, path.parent.name),
+                ).fetchone()
+                if known is None:
+                    _remove(path)
+                    n += 1
+        return n
+
+    # -- connections -------------------------------------------------------------------
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self._db_path,
+            timeout=_BUSY_TIMEOUT_S,
+            isolation_level=None,  # explicit BEGIN IMMEDIATE / COMMIT below
+            check_same_thread=False,  # only close() touches another thread's connection
+        )
+        conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        return conn
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = self._connect()
+            except sqlite3.Error as exc:
+                raise CacheError(
+                    f"cannot open node cache database {self._db_path}: {exc}",
+                    root=str(self.root),
+                ) from exc
+            self._local.conn = conn
+            with self._lock:
+                self._conns.append(conn)
+        return conn
+
+    @contextlib.contextmanager
+    def _tx(self, *, read: bool = False) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN" if read else "BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise CacheError(
+                f"node cache database {self._db_path} failed: {exc}", root=str(self.root)
+            ) from exc
+
+
+def _totals(db: sqlite3.Connection) -> dict[str, int]:
+    return {name: int(value) for name, value in db.execute("SELECT name, value FROM stats")}
+
+
+def _bump(db: sqlite3.Connection, **deltas: int) -> None:
+    db.executemany(
+        "UPDATE stats SET value = value + ? WHERE name = ?",
+        [(delta, name) for name, delta in deltas.items()],
+    )
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _require_count(value: object, field: str, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidInput(f"{field} must be an integer >= {minimum}, got {value!r}", field=field)
