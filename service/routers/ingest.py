@@ -1,0 +1,313 @@
+"""Ingest: ``POST /v1/{assets,clips,latents,scores,captions,tombstones,asset-events,jobs,
+embeddings}``.
+
+A body is a JSON array of row objects (``application/json``) or an Arrow IPC stream
+(``application/vnd.apache.arrow.stream``) of at most the server's ``max_body_bytes``
+(413 beyond). One request is one catalog commit: a bad row rejects the batch with a
+422 ``invalid_batch`` that names the row and field, and nothing is written.
+``POST /v1/jobs`` records *curation* job rows in the catalog's ``jobs`` table; the
+service's own background jobs are read with ``GET /v1/jobs``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from fastapi import APIRouter, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from numpy.typing import NDArray
+
+from catalog.errors import InvalidBatch
+from service.deps import Services, Svc, Writer
+from service.errors import UnsupportedMediaType
+from service.schemas import ErrorResponse, IngestPublic
+
+__all__ = ["ARROW_STREAM", "parse_batch", "router"]
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+router = APIRouter(prefix="/v1", tags=["ingest"])
+
+#: path -> (catalog table, catalog method)
+_TABLES: dict[str, tuple[str, str]] = {
+    "assets": ("assets", "add_assets"),
+    "clips": ("clips", "add_clips"),
+    "latents": ("latents", "add_latents"),
+    "scores": ("scores", "add_scores"),
+    "captions": ("captions", "add_captions"),
+    "tombstones": ("tombstones", "add_tombstones"),
+    "asset-events": ("asset_events", "add_asset_events"),
+    "jobs": ("jobs", "add_jobs"),
+}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (401, 403, 413, 415, 422)
+}
+
+
+def _body_doc(description: str) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "description": description,
+            "content": {
+                "application/json": {
+                    "schema": {"type": "array", "items": {"type": "object"}},
+                },
+                ARROW_STREAM: {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    }
+
+
+def parse_batch(content_type: str | None, body: bytes) -> pa.Table | list[dict[str, Any]]:
+    """A request body as an Arrow table or a list of row dicts.
+
+    Raises:
+        UnsupportedMediaType: neither JSON nor an Arrow IPC stream.
+        InvalidBatch: the body does not parse, or is not a list of objects.
+    """
+    media = (content_type or "application/json").split(";")[0].strip().lower()
+    if media == ARROW_STREAM:
+        try:
+            return pa.ipc.open_stream(pa.py_buffer(body)).read_all()
+        except (pa.ArrowException, ValueError) as exc:
+            raise InvalidBatch(
+                f"the body is not an Arrow IPC stream: {exc}", row=None, field=None
+            ) from None
+    if media != "application/json" and not media.endswith("+json"):
+        raise UnsupportedMediaType(
+            f"send application/json or {ARROW_STREAM}, not {media!r}", media_type=media
+        )
+    try:
+        rows = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidBatch(f"the body is not valid JSON: {exc}", row=None, field=None) from None
+    if not isinstance(rows, list):
+        raise InvalidBatch("a JSON body must be an array of row objects", row=None, field=None)
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise InvalidBatch(f"row {i} is not an object", row=i, field=None)
+    return rows
+
+
+def _ingest(services: Services, path: str, content_type: str | None, body: bytes) -> IngestPublic:
+    table, method = _TABLES[path]
+    batch = parse_batch(content_type, body)
+    received = batch.num_rows if isinstance(batch, pa.Table) else len(batch)
+    if received == 0:
+        return IngestPublic(table=table, received=0, inserted=0, duplicates=0, eval=0, rejected=0)
+    add: Callable[[Any], Any] = getattr(services.catalog, method)
+    try:
+        result = add(batch)
+    except InvalidBatch:
+        services.metrics.observe_ingest(table, rejected=received)
+        raise
+    finally:
+        services.forget_pin()
+    services.metrics.observe_ingest(
+        table,
+        inserted=result.inserted,
+        duplicates=result.duplicates,
+        eval=result.eval,
+        rejected=result.rejected,
+    )
+    return IngestPublic(
+        table=table,
+        received=received,
+        inserted=result.inserted,
+        duplicates=result.duplicates,
+        eval=result.eval,
+        rejected=result.rejected,
+        near_duplicates=getattr(result, "near_duplicates", 0),
+        snapshot_id=result.snapshot_id,
+    )
+
+
+def _register(path: str) -> None:
+    table = _TABLES[path][0]
+
+    async def ingest(request: Request, services: Svc, principal: Writer) -> IngestPublic:
+        body = await request.body()
+        return await run_in_threadpool(
+            _ingest, services, path, request.headers.get("content-type"), body
+        )
+
+    router.add_api_route(
+        f"/{path}",
+        ingest,
+        methods=["POST"],
+        response_model=IngestPublic,
+        responses=_ERRORS,
+        name=f"ingest_{table}",
+        operation_id=f"ingest_{table}",
+        summary=f"Ingest a batch of {table.replace('_', ' ')}",
+        openapi_extra=_body_doc(f"Rows of the catalog's {table} table"),
+    )
+
+
+for _path in _TABLES:
+    _register(_path)
+
+
+# -- embeddings -----------------------------------------------------------------------
+def _vectors(column: pa.ChunkedArray | pa.Array, n: int) -> NDArray[np.float32]:
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    kind = arr.type
+    if not (
+        pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
+    ):
+        raise InvalidBatch("vector must be a list of numbers", row=0, field="vector")
+    lengths = pc.fill_null(pc.list_value_length(arr), -1).to_numpy(zero_copy_only=False)
+    bad = np.flatnonzero((lengths != lengths[0]) | (lengths <= 0)) if n else np.zeros(0)
+    if bad.size:
+        raise InvalidBatch(
+            "every vector must be a non-empty list of one length", row=int(bad[0]), field="vector"
+        )
+    try:
+        flat = pc.cast(pc.list_flatten(arr), pa.float32()).to_numpy(zero_copy_only=False)
+    except (pa.ArrowException, ValueError) as exc:
+        raise InvalidBatch(f"vector values must be numbers: {exc}", row=0, field="vector") from None
+    return np.asarray(flat, dtype=np.float32).reshape(n, -1) if n else np.zeros((0, 0), np.float32)
+
+
+def _embedding_columns(
+    batch: pa.Table | list[dict[str, Any]], model_version: str | None
+) -> tuple[list[str], NDArray[np.float32], list[str]]:
+    if isinstance(batch, list):
+        known = {"clip_id", "vector", "model_version", "asset_id", "split"}
+        for i, row in enumerate(batch):
+            unknown = set(row) - known
+            if unknown:
+                raise InvalidBatch(f"row {i}: unknown fields {sorted(unknown)}", row=i, field=None)
+        try:
+            table = pa.table(
+                {
+                    "clip_id": pa.array([r.get("clip_id") for r in batch], pa.string()),
+                    "vector": pa.array([r.get("vector") for r in batch], pa.list_(pa.float64())),
+                    "model_version": pa.array([r.get("model_version") for r in batch], pa.string()),
+                }
+            )
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as exc:
+            raise InvalidBatch(f"bad embedding rows: {exc}", row=None, field=None) from None
+    else:
+        table = batch
+    for name in ("clip_id", "vector"):
+        if name not in table.column_names:
+            raise InvalidBatch(f"column {name!r} is required", row=0, field=name)
+    n = table.num_rows
+    clip_ids = table.column("clip_id")
+    if not pa.types.is_string(clip_ids.type) and not pa.types.is_large_string(clip_ids.type):
+        raise InvalidBatch("clip_id must be a string", row=0, field="clip_id")
+    if clip_ids.null_count:
+        row = int(pc.index(pc.is_null(clip_ids), True).as_py())
+        raise InvalidBatch("clip_id is required", row=row, field="clip_id")
+    versions: list[Any] = (
+        table.column("model_version").to_pylist()
+        if "model_version" in table.column_names
+        else [None] * n
+    )
+    resolved: list[str] = []
+    for i, v in enumerate(versions):
+        version = v if v is not None else model_version
+        if not isinstance(version, str) or not version.strip():
+            raise InvalidBatch(
+                "model_version is required (per row or as a query parameter)",
+                row=i,
+                field="model_version",
+            )
+        resolved.append(version)
+    ids: list[str] = clip_ids.to_pylist()
+    return ids, _vectors(table.column("vector"), n), resolved
+
+
+def _ingest_embeddings(
+    services: Services, content_type: str | None, body: bytes, model_version: str | None
+) -> IngestPublic:
+    from catalog.embeddings import EmbeddingIndex
+
+    batch = parse_batch(content_type, body)
+    received = batch.num_rows if isinstance(batch, pa.Table) else len(batch)
+    if received == 0:
+        return IngestPublic(
+            table="embeddings", received=0, inserted=0, duplicates=0, eval=0, rejected=0
+        )
+    try:
+        clip_ids, vectors, versions = _embedding_columns(batch, model_version)
+        catalog = services.catalog
+        known = _clip_splits(services, clip_ids)
+        for i, clip_id in enumerate(clip_ids):
+            if clip_id not in known:
+                raise InvalidBatch(
+                    f"row {i}: clip {clip_id!r} is not in the catalog", row=i, field="clip_id"
+                )
+    except InvalidBatch:
+        services.metrics.observe_ingest("embeddings", rejected=received)
+        raise
+    inserted = duplicates = 0
+    for version in sorted(set(versions)):
+        at = [i for i, v in enumerate(versions) if v == version]
+        ids = [clip_ids[i] for i in at]
+        result = EmbeddingIndex(catalog.config.lance, version).add(
+            ids, [known[c][0] for c in ids], [known[c][1] for c in ids], vectors[at]
+        )
+        inserted += result.inserted
+        duplicates += result.duplicates
+    eval_rows = sum(1 for c in clip_ids if known[c][1] == "eval")
+    services.metrics.observe_ingest(
+        "embeddings", inserted=inserted, duplicates=duplicates, eval=eval_rows
+    )
+    return IngestPublic(
+        table="embeddings",
+        received=received,
+        inserted=inserted,
+        duplicates=duplicates,
+        eval=eval_rows,
+        rejected=0,
+    )
+
+
+def _clip_splits(services: Services, clip_ids: list[str]) -> Mapping[str, tuple[str, str]]:
+    """clip id -> (asset id, split) for the ids the catalog knows (the split is the
+    catalog's, never the producer's: eval stays eval)."""
+    data = services.views.dataset("clips", services.pin(), include_eval=True)
+    wanted = pa.array(sorted(set(clip_ids)), pa.large_string())
+    got = data.to_table(
+        columns=["clip_id", "asset_id", "split"], filter=pc.field("clip_id").isin(wanted)
+    )
+    return {
+        c: (a, s)
+        for c, a, s in zip(
+            got.column("clip_id").to_pylist(),
+            got.column("asset_id").to_pylist(),
+            got.column("split").to_pylist(),
+            strict=True,
+        )
+    }
+
+
+@router.post(
+    "/embeddings",
+    response_model=IngestPublic,
+    responses=_ERRORS,
+    summary="Ingest clip embeddings (LanceDB, one table per model version)",
+    openapi_extra=_body_doc(
+        "Rows {clip_id, vector, model_version?}; the clip's asset and split come from the catalog"
+    ),
+)
+async def ingest_embeddings(
+    request: Request,
+    services: Svc,
+    principal: Writer,
+    model_version: str | None = Query(
+        None, min_length=1, max_length=200, description="For rows that name none"
+    ),
+) -> IngestPublic:
+    body = await request.body()
+    return await run_in_threadpool(
+        _ingest_embeddings, services, request.headers.get("content-type"), body, model_version
+    )

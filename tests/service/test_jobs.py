@@ -1,0 +1,296 @@
+"""Background jobs: lifecycle, persistence across a crash, racing cuts, and the
+``POST /v1/snapshots`` → ``GET /v1/jobs/{id}`` round trip."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from catalog.errors import Conflict
+from manifests.registry import SnapshotRecord
+from service.app import create_app
+from service.jobs import JobRecord, JobRunner, JobStore
+from tests.service.support import (
+    TestClient,
+    World,
+    artifact_table,
+    assert_error,
+    write_fake_cut,
+)
+
+RECIPE = Path(__file__).resolve().parents[2] / "docs" / "recipes" / "warmup_256p.yaml"
+
+
+def wait_done(get: Callable[[], JobRecord], timeout: float = 20.0) -> JobRecord:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = get()
+        if record.done:
+            return record
+        time.sleep(0.02)
+    raise AssertionError(f"job not done after {timeout} s: {get()}")
+
+
+def test_lifecycle_progress_result_and_errors(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs.db")
+    runner = JobRunner(store, workers=2)
+    gate = threading.Event()
+    seen: list[tuple[str | None, float]] = []
+
+    def work(progress: Callable[[str, float], None]) -> dict[str, Any]:
+        progress("scan", 0.0)
+        progress("scan", 0.5)
+        gate.wait(10)
+        progress("plan", 0.25)
+        return {"version": 3}
+
+    job = runner.submit("cut", work, {"recipe": "r"}, owner="alice")
+    assert job.state == "queued" and job.params == {"recipe": "r"} and job.owner == "alice"
+    deadline = time.monotonic() + 10
+    while store.get(job.id).state != "running" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    running = store.get(job.id)
+    seen.append((running.stage, running.progress))
+    assert running.state == "running" and running.started_at is not None
+    gate.set()
+    done = wait_done(lambda: store.get(job.id))
+    assert (done.state, done.progress, done.result, done.error) == (
+        "succeeded",
+        1.0,
+        {"version": 3},
+        None,
+    )
+    assert done.finished_at is not None and done.duration_s is not None and done.duration_s >= 0
+
+    def conflict(progress: Callable[[str, float], None]) -> None:
+        raise Conflict("version 4 was claimed first", version=4, latest=4)
+
+    def crash(progress: Callable[[str, float], None]) -> None:
+        raise RuntimeError("boom")
+
+    lost_id = runner.submit("cut", conflict, {}).id
+    lost = wait_done(lambda: store.get(lost_id))
+    assert lost.state == "failed"
+    assert lost.error == {
+        "code": "conflict",
+        "message": "version 4 was claimed first",
+        "details": {"version": 4, "latest": 4},
+    }
+    bug_id = runner.submit("cut", crash, {}).id
+    bug = wait_done(lambda: store.get(bug_id))
+    assert bug.error is not None and bug.error["code"] == "internal_error"
+    assert [j.id for j in store.list()][:1] == [bug.id]  # newest first
+    assert store.counts() == {"queued": 0, "running": 0, "succeeded": 1, "failed": 2}
+    assert [j.state for j in store.list(state="failed")] == ["failed", "failed"]
+    runner.close()
+
+
+_CRASHER = """
+import sys, time
+from service.jobs import JobRunner, JobStore
+runner = JobRunner(JobStore(sys.argv[1]))
+def forever(progress):
+    progress("plan", 0.4)
+    time.sleep(600)
+job = runner.submit("cut", forever, {"n": 1})
+while JobStore(sys.argv[1]).get(job.id).stage != "plan":
+    time.sleep(0.01)
+print(job.id, flush=True)
+time.sleep(600)
+"""
+
+
+def test_interrupted_job_shows_failed_after_restart(tmp_path: Path) -> None:
+    db = tmp_path / "jobs.db"
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CRASHER, str(db)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        job_id = proc.stdout.readline().strip()
+        assert job_id.startswith("job_"), job_id
+        assert JobStore(db).get(job_id).state == "running"
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    store = JobStore(db)
+    assert store.get(job_id).state == "running"  # nobody has looked yet
+    runner = JobRunner(store)  # the restarted service
+    assert runner.recovered == 1
+    record = store.get(job_id)
+    assert record.state == "failed" and record.error is not None
+    assert record.error["code"] == "interrupted"
+    assert record.stage == "plan" and record.progress == pytest.approx(0.4)
+    runner.close()
+    assert JobRunner(JobStore(db)).recovered == 0  # recorded once, not again
+
+
+def test_closing_a_runner_fails_its_queued_jobs(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs.db")
+    runner = JobRunner(store, workers=1)
+    gate = threading.Event()
+
+    def blocked(progress: Callable[[str, float], None]) -> None:
+        gate.wait(10)
+
+    first = runner.submit("cut", blocked, {})
+    second = runner.submit("cut", lambda p: None, {})
+    threading.Timer(0.2, gate.set).start()
+    runner.close(wait=True)
+    assert store.get(first.id).state == "succeeded"
+    assert store.get(second.id).state == "failed"
+    error = store.get(second.id).error
+    assert error is not None and error["code"] == "interrupted"
+
+
+# -- through the API --------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def cut_client(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
+    """An app whose cuts publish fake artifacts; cuts racing for a version meet at a
+    barrier after reading the parent, so that both claim the same version."""
+    work = tmp_path_factory.mktemp("cuts")
+    barrier = threading.Barrier(2, timeout=20)
+    counter = iter(range(100, 10_000))
+
+    def cut(catalog: Any, registry: Any, recipe: Any, progress: Any) -> SnapshotRecord:
+        progress("select", 0.5)
+        seed = next(counter)
+        paths, snapshot = write_fake_cut(world, work / f"cut{seed}", seed=seed)
+        parent = registry.next_parent()
+        if recipe.description == "race":
+            barrier.wait()
+        progress("publish", 0.9)
+        record: SnapshotRecord = registry.publish(paths, snapshot, parent=parent)
+        return record
+
+    with TestClient(create_app(world.settings(), catalog=world.catalog, cut=cut)) as c:
+        yield c
+
+
+def poll(client: TestClient, job_id: str, timeout: float = 20.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
+        if body["state"] in ("succeeded", "failed"):
+            return body
+        time.sleep(0.02)
+    raise AssertionError(f"job {job_id} did not finish")
+
+
+def test_cut_job_round_trip(cut_client: TestClient) -> None:
+    before = cut_client.get("/v1/snapshots").json()["count"]
+    r = cut_client.post("/v1/snapshots", json={"recipe": RECIPE.read_text()})
+    assert r.status_code == 202, r.text
+    job = r.json()
+    assert r.headers["location"] == f"/v1/jobs/{job['id']}"
+    assert job["kind"] == "cut" and job["state"] in ("queued", "running")
+    assert job["params"]["recipe_name"] == "warmup-256p"
+    done = poll(cut_client, job["id"])
+    assert done["state"] == "succeeded" and done["progress"] == 1.0, done
+    version = done["result"]["version"]
+    assert cut_client.get(f"/v1/snapshots/{version}").status_code == 200
+    assert cut_client.get("/v1/snapshots").json()["count"] == before + 1
+    listed = cut_client.get("/v1/jobs", params={"kind": "cut"}).json()
+    assert job["id"] in [j["id"] for j in listed["data"]]
+    assert 'vidlake_cut_seconds_count{outcome="succeeded"}' in cut_client.get("/metrics").text
+
+
+def test_racing_cuts_one_wins_one_reports_conflict(cut_client: TestClient) -> None:
+    import yaml
+
+    recipe = yaml.safe_load(RECIPE.read_text())
+    recipe["description"] = "race"
+    jobs = [cut_client.post("/v1/snapshots", json={"recipe": recipe}).json() for _ in range(2)]
+    results = sorted((poll(cut_client, j["id"]) for j in jobs), key=lambda j: j["state"])
+    assert [j["state"] for j in results] == ["failed", "succeeded"]
+    lost, won = results
+    assert lost["error"]["code"] == "conflict"
+    assert lost["error"]["details"]["version"] == won["result"]["version"]
+
+
+def test_bad_recipes_start_no_job(cut_client: TestClient) -> None:
+    before = cut_client.get("/v1/jobs").json()["count"]
+    error = assert_error(
+        cut_client.post("/v1/snapshots", json={"recipe": {"name": "x"}}), 422, "invalid_recipe"
+    )
+    assert "path" in error["details"]
+    assert_error(cut_client.post("/v1/snapshots", json={"recipe": str(RECIPE)}), 422)
+    assert_error(cut_client.post("/v1/snapshots", json={"recipe": "a: [unclosed"}), 422)
+    assert cut_client.get("/v1/jobs").json()["count"] == before
+    assert_error(cut_client.get("/v1/jobs", params={"state": "exploded"}), 422)
+
+
+def test_recipe_validation_endpoint(cut_client: TestClient) -> None:
+    from materializer.recipe import load_recipe
+
+    body = cut_client.post("/v1/recipes:validate", json={"recipe": RECIPE.read_text()}).json()
+    assert body["valid"] is True and body["name"] == "warmup-256p"
+    assert body["sha256"] == load_recipe(RECIPE).sha256()
+    assert_error(
+        cut_client.post("/v1/recipes:validate", json={"recipe": {"seed": -1}}),
+        422,
+        "invalid_recipe",
+    )
+
+
+REAL_RECIPE: dict[str, Any] = {
+    "name": "svc-real-cut",
+    "seed": 7,
+    "tokenizer_version": "vae-v1",
+    "filters": [{"name": "aesthetic", "version": "2", "min": 0.0}],
+    "streams": [
+        {"name": "a", "where": "source = 'stock-a'"},
+        {"name": "b", "where": "source = 'stock-b'"},
+    ],
+    "captions": {"version": "1", "kinds": ["dense"]},
+    "buckets": {"latent_frames": [12], "aspect_ratios": ["16:9"]},
+    "phases": [
+        {
+            "name": "p",
+            "rung": "256p",
+            "weights": {"a": 0.5, "b": 0.5},
+            "steps": 5,
+            "global_batch": 4,
+            "rank_multiple": 1,
+        }
+    ],
+}
+
+
+def test_real_cut_job_and_its_forensics(world: World) -> None:
+    """The default cut function (``materializer.cut.cut_snapshot``) end to end: the
+    job succeeds, and steps and lineage answer from the artifacts it published."""
+    with TestClient(create_app(world.settings(), catalog=world.catalog)) as client:
+        job = client.post("/v1/snapshots", json={"recipe": REAL_RECIPE}).json()
+        done = poll(client, job["id"], timeout=120)
+        assert done["state"] == "succeeded", done
+        assert done["stage"] == "publish"
+        v = done["result"]["version"]
+        snapshot = client.get(f"/v1/snapshots/{v}").json()
+        assert "lineage.arrow" in snapshot["artifacts"]
+        plan = artifact_table(world.registry, v, "plan.arrow").to_pylist()
+        index = artifact_table(world.registry, v, "index.arrow")
+        step = client.get(f"/v1/snapshots/{v}/steps/0").json()
+        assert [s["row"] for s in step["samples"]] == plan[0]["rows"]
+        for sample in step["samples"]:
+            assert sample["asset_id"] == world.clips[sample["clip_id"]]
+            assert sample["stream"] in ("a", "b") and sample["tier"] is not None
+            assert set(sample["scores"]) == {"aesthetic"}  # from the manifest's score column
+            assert world.clip_split[sample["clip_id"]] == "train"
+        clip = index.column("clip_id")[0].as_py()
+        served = {
+            s["version"]: s for s in client.get(f"/v1/lineage/clips/{clip}").json()["snapshots"]
+        }
+        # lineage.arrow and a scan of the plan agree on the steps that served the clip.
+        expected = sorted(p["step"] for p in plan if 0 in p["rows"])
+        assert served[v]["rows"] == [0] and served[v]["steps"] == expected
