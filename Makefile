@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 CONSTRAINTS := constraints.txt
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test test-fast bench lint openapi clean
+.PHONY: help venv demo test test-fast browser bench lint openapi clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -26,11 +26,19 @@ venv: $(STAMP) ## create .venv and install vidlake with every extra
 demo: $(STAMP) ## run the end-to-end demo on the embedded default (./.vidlake/)
 	$(BIN)/vidlake demo
 
-test: $(STAMP) ## run the whole test suite (starts its own S3 server and PostgreSQL)
+test: $(STAMP) browser ## run the whole test suite (starts its own S3 server and PostgreSQL)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## the suite without slow, s3 and postgres tests
 	$(BIN)/python -m pytest -q -m "not slow and not s3 and not postgres" $(PYTEST_ARGS)
+
+browser: ## install Debian's chromium for the dashboard test (as root; else that test skips)
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing chromium for the dashboard test"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+	      || echo "chromium could not be installed: the dashboard test will skip"; \
+	  else echo "chromium is missing and this is not root: the dashboard test will skip"; fi; }
 
 bench: $(STAMP) ## run every benchmark; each prints one JSON line
 	@mkdir -p bench-results

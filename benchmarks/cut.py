@@ -33,9 +33,9 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog  # noqa: E402
-from catalog.rules import clip_ids as make_clip_ids  # noqa: E402
-from materializer.recipe import load_recipe  # noqa: E402
+from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.rules import clip_ids as make_clip_ids
+from materializer.recipe import load_recipe
 
 BATCH = 100_000
 TIERS = np.array(["licensed", "crawl", "synthetic"])
@@ -65,18 +65,27 @@ def _recipe(plan_rows: int) -> dict[str, Any]:
             {"name": "web", "where": "source_tier = 'crawl'"},
         ],
         "captions": {"version": "1", "kinds": ["dense", "short"]},
-        "buckets": {"latent_frames": [4, 8, 12, 16], "aspect_ratios": ["16:9", "4:3", "1:1", "9:16"]},
+        "buckets": {
+            "latent_frames": [4, 8, 12, 16],
+            "aspect_ratios": ["16:9", "4:3", "1:1", "9:16"],
+        },
         "phases": [
             {
                 "name": "main",
                 "rung": "256p",
-                "weights": {"licensed": 0.3, "synthetic": 0.1, "web_gold": 0.2, "web_motion": 0.1, "web": 0.3},
+                "weights": {
+                    "licensed": 0.3,
+                    "synthetic": 0.1,
+                    "web_gold": 0.2,
+                    "web_motion": 0.1,
+                    "web": 0.3,
+                },
                 "steps": max(1, plan_rows // batch),
                 "global_batch": batch,
                 "rank_multiple": 64,
             }
         ],
-    }  # fmt: skip
+    }
 
 
 def build_catalog(root: Path, n_clips: int, seed: int = 0) -> VidlakeCatalog:
@@ -240,7 +249,9 @@ def main() -> None:
         out = root / "cut"
         out.mkdir()
         t0 = time.perf_counter()
-        _, snap = build_artifacts(catalog, load_recipe(_recipe(args.plan_rows)), out, progress=progress)
+        _, snap = build_artifacts(
+            catalog, load_recipe(_recipe(args.plan_rows)), out, progress=progress
+        )
         cut_s = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(

@@ -67,6 +67,8 @@ INDEX_SCHEMA = pa.schema(
         pa.field("asset_id", pa.string(), nullable=False),
         pa.field("stream", pa.int32(), nullable=False),
         pa.field("bucket", pa.int32(), nullable=False),
+        # The bucket's latent frame count: the loader keeps the first num_frames frames
+        # along axis 1 (T) of every 4-D (C, T, H, W) tensor, so a step stacks cleanly.
         pa.field("num_frames", pa.int32(), nullable=False),
         pa.field("tokens", pa.int64(), nullable=False),
         # Where the latent's bytes are: an object (by SHA-256), a byte range in it, and

@@ -138,7 +138,7 @@ def build_artifacts(
 
     report("index", 0.0)
     index_path = out / "index.arrow"
-    _write_ipc(index_path, _index_table(samples))
+    _write_ipc(index_path, _index_table(recipe, samples))
     report("index", 1.0)
 
     report("manifest", 0.0)
@@ -201,8 +201,15 @@ def _phase_specs(recipe: Recipe, samples: pa.Table) -> list[PhaseSpec]:
     return specs
 
 
-def _index_table(samples: pa.Table) -> pa.Table:
+def _index_table(recipe: Recipe, samples: pa.Table) -> pa.Table:
+    """The loader's columns. ``num_frames`` is the bucket's latent frame count: the
+    loader keeps that many leading frames (axis 1 of a ``(C, T, H, W)`` latent), so
+    every sample of a step has one shape."""
     n = samples.num_rows
+    frames = np.repeat(
+        np.asarray(recipe.buckets.latent_frames, dtype=np.int32),
+        len(recipe.buckets.aspect_ratios),
+    )
     empty_lists = pa.array([[]] * n, pa.list_(pa.string())) if n else None
     captions = samples["captions"]
     embeddings = samples["text_embedding_sha256"]
@@ -212,7 +219,7 @@ def _index_table(samples: pa.Table) -> pa.Table:
         "asset_id": samples["asset_id"],
         "stream": samples["stream"],
         "bucket": samples["bucket"],
-        "num_frames": pc.cast(samples["latent_frames"], pa.int32()),
+        "num_frames": pa.array(frames[samples["bucket"].to_numpy()], pa.int32()),
         "tokens": samples["tokens"],
         "object_sha256": samples["object_sha256"],
         "offset": samples["offset"],

@@ -150,4 +150,5 @@ def _normalise(vectors: NDArray[np.floating[Any]]) -> NDArray[np.float32]:
     mat = np.asarray(vectors, dtype=np.float64)
     norms = np.linalg.norm(mat, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
-    return (mat / norms).astype(np.float32)
+    unit: NDArray[np.float32] = (mat / norms).astype(np.float32)
+    return unit

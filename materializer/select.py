@@ -172,7 +172,7 @@ def _register_scans(
             from pyiceberg.expressions import In
 
             col, values = filters[name]
-            row_filter = In(col, tuple(values)) if values else None
+            row_filter = In(term=col, literals=tuple(values)) if values else None
         if name == "scores" and not recipe.score_versions():
             table = _empty(catalog, name, columns)
         else:
@@ -393,8 +393,9 @@ def _one_row_per_clip(table: pa.Table, score_col: str) -> pa.Table:
 
 
 def _scores(clips: pa.Table, col: str, higher_is_better: bool) -> NDArray[np.float64]:
-    values = clips[col].to_numpy(zero_copy_only=False).astype(np.float64)
-    values = np.nan_to_num(values, nan=-np.inf)
+    values: NDArray[np.float64] = np.nan_to_num(
+        clips[col].to_numpy(zero_copy_only=False).astype(np.float64), nan=-np.inf
+    )
     return values if higher_is_better else -values
 
 

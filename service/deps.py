@@ -113,25 +113,10 @@ class Services:
     def catalog(self) -> VidlakeCatalog:
         with self._lock:
             if self._catalog is None:
-                from catalog.catalog import CatalogConfig, VidlakeCatalog
+                from catalog.catalog import VidlakeCatalog
+                from service.lake import Lake
 
-                where = self.settings.resolved()
-                config = CatalogConfig(
-                    uri=where["catalog_uri"],
-                    warehouse=where["warehouse"],
-                    objects=where["objects"],
-                    lance=where["lance"],
-                    namespace=self.settings.namespace,
-                    # Only a fraction set on purpose: the catalog freezes its own at
-                    # creation, and a different one is a Conflict.
-                    eval_fraction=(
-                        self.settings.eval_fraction
-                        if "eval_fraction" in self.settings.model_fields_set
-                        else None
-                    ),
-                    s3_endpoint_url=self.settings.s3_endpoint_url,
-                    s3_path_style=self.settings.s3_path_style,
-                )
+                config = Lake(self.settings).catalog_config()
                 self._catalog = VidlakeCatalog.open(config)
             return self._catalog
 

@@ -44,7 +44,13 @@ class Lake:
             namespace=self.settings.namespace,
             objects=where["objects"],
             lance=where["lance"],
-            eval_fraction=self.settings.eval_fraction,
+            # Only a fraction set on purpose: the catalog freezes its own at creation,
+            # and a different one is a Conflict.
+            eval_fraction=(
+                self.settings.eval_fraction
+                if "eval_fraction" in self.settings.model_fields_set
+                else None
+            ),
             s3_endpoint_url=self.settings.s3_endpoint_url,
             s3_path_style=self.settings.s3_path_style or None,
         )

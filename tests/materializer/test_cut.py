@@ -134,21 +134,26 @@ def test_same_recipe_same_pin_gives_byte_identical_artifacts_across_processes(
         "from materializer.recipe import load_recipe\n"
         "cat = VidlakeCatalog.open(CatalogConfig.embedded(sys.argv[1]))\n"
         "arts, _ = build_artifacts(cat, load_recipe(Path(sys.argv[2])), Path(sys.argv[3]))\n"
-        "print(json.dumps({k: hashlib.sha256(v.read_bytes()).hexdigest() for k, v in arts.items()}))\n"
+        "shas = {k: hashlib.sha256(v.read_bytes()).hexdigest() for k, v in arts.items()}\n"
+        "print(json.dumps(shas))\n"
     )
     out = _mkdir(tmp_path / "c")
     result = subprocess.run(
         [sys.executable, "-c", script, str(root), str(DEMO_RECIPE), str(out)],
-        capture_output=True, text=True, check=True, cwd=REPO, timeout=240,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        timeout=240,
+    )
     assert json.loads(result.stdout.strip().splitlines()[-1]) == hashes
 
 
 def test_takedown_excludes_every_clip_of_the_asset_and_leaves_old_versions(
     tmp_path: Path, recipe: Recipe
 ) -> None:
-    catalog = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path / "lake"))
-    generate_corpus(catalog, assets=80, seed=5)
+    catalog = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path / "lake", eval_salt="02" * 16))
+    generate_corpus(catalog, assets=100, seed=5)
     registry = Registry(catalog.objects)
     v1 = cut_snapshot(catalog, registry, recipe)
     index1 = _read_ipc(Path(registry.artifact_path(1, "index.arrow", tmp_path)))
@@ -167,8 +172,8 @@ def test_takedown_excludes_every_clip_of_the_asset_and_leaves_old_versions(
 
 
 def test_explicit_pin_replays_an_old_state(tmp_path: Path, recipe: Recipe) -> None:
-    catalog = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path / "lake"))
-    generate_corpus(catalog, assets=60, seed=9)
+    catalog = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path / "lake", eval_salt="01" * 16))
+    generate_corpus(catalog, assets=100, seed=9)
     pin = catalog.pin()
     before, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "before"))
     index = _read_ipc(before["index.arrow"])
@@ -186,7 +191,7 @@ def test_explicit_pin_replays_an_old_state(tmp_path: Path, recipe: Recipe) -> No
 def test_a_recipe_that_selects_nothing_is_refused_and_registers_nothing(
     lake: tuple[VidlakeCatalog, Path], recipe: Recipe
 ) -> None:
-    catalog, root = lake
+    catalog, _ = lake
     data = _recipe_dict(recipe)
     data["filters"] = [{"name": "aesthetic", "version": "2", "min": 1e9}]
     data["tiers"] = {"rules": [], "default": "bronze"}
@@ -236,8 +241,11 @@ def test_four_processes_cutting_at_once_get_distinct_versions_or_a_conflict(
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", script, str(root), str(DEMO_RECIPE), url],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
         for _ in range(4)
     ]
     outcomes = []

@@ -1,0 +1,590 @@
+"""The ``vidlake`` command line.
+
+Every command talks either to a running server (``--url`` or ``VIDLAKE_URL``) or, when
+no URL is given, to the embedded catalog directly (``./.vidlake/`` by default; see
+``vidlake config``). Long work shows progress bars; ``--json`` prints machine-readable
+output for scripts. Errors print one line and exit non-zero (2 for bad input).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from catalog.errors import InvalidInput, VidlakeError
+from service.lake import Lake
+from service.settings import Settings, get_settings
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="vidlake",
+    help="Lakehouse catalog and manifest service for training video world models.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+cache_app = typer.Typer(help="The node cache of latents (loader side).", no_args_is_help=True)
+app.add_typer(cache_app, name="cache")
+
+out = Console()
+err = Console(stderr=True)
+
+UrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--url", envvar="VIDLAKE_URL", help="Server URL; omit to use the embedded catalog."
+    ),
+]
+TokenOpt = Annotated[
+    str | None, typer.Option("--token", envvar="VIDLAKE_TOKEN", help="Bearer token for --url.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+# -- plumbing ------------------------------------------------------------------------------
+def _lake() -> Lake:
+    return Lake(get_settings())
+
+
+def _emit(data: Any, as_json: bool, render: Callable[[Any], None] | None = None) -> None:
+    if as_json or render is None:
+        out.print_json(json.dumps(data, default=str))
+    else:
+        render(data)
+
+
+@contextmanager
+def _progress(enabled: bool = True) -> Iterator[Callable[[str, float], None]]:
+    """A rich progress display with one bar per stage; yields ``report(stage, fraction)``."""
+    if not enabled:
+        yield lambda stage, fraction: None
+        return
+    with Progress(
+        TextColumn("{task.description:<12}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>5.1f}%"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=False,
+    ) as bars:
+        tasks: dict[str, Any] = {}
+
+        def report(stage: str, fraction: float) -> None:
+            if stage not in tasks:
+                tasks[stage] = bars.add_task(stage, total=1.0)
+            bars.update(tasks[stage], completed=max(0.0, min(1.0, fraction)))
+
+        yield report
+
+
+class _Client:
+    """A small JSON client for ``--url`` mode (httpx; imported only when used)."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=60.0)
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.http.request(method, path, **kwargs)
+        body = response.json() if response.content else None
+        if response.status_code >= 400:
+            error = (body or {}).get("error", {}) if isinstance(body, dict) else {}
+            raise _RemoteError(response.status_code, error.get("message", response.text), body)
+        return body
+
+
+def _client(url: str | None, token: str | None) -> _Client:
+    """A client of ``url``, or of the app served in-process on the embedded catalog."""
+    if url:
+        return _Client(url, token)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # starlette's test client announces a rename
+        from starlette.testclient import TestClient
+
+    from service.app import create_app
+
+    client = _Client.__new__(_Client)
+    client.http = TestClient(create_app(get_settings()), raise_server_exceptions=True)
+    return client
+
+
+class _RemoteError(Exception):
+    def __init__(self, status: int, message: str, body: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+def main() -> None:
+    """Console entry point: run the app, turning vidlake errors into one clean line."""
+    try:
+        app()
+    except VidlakeError as exc:
+        err.print(f"[red]error[/red] ({exc.code}): {exc.message}")
+        sys.exit(2 if isinstance(exc, InvalidInput) else 1)
+    except _RemoteError as exc:
+        err.print(f"[red]error[/red] (HTTP {exc.status}): {exc}")
+        sys.exit(2 if 400 <= exc.status < 500 else 1)
+
+
+# -- configuration and server -----------------------------------------------------------------
+@app.command()
+def config(as_json: JsonOpt = False) -> None:
+    """Show the effective configuration (settings + embedded defaults)."""
+    settings = get_settings()
+    data = {**settings.model_dump(mode="json"), "resolved": settings.resolved()}
+    _emit(data, True)
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address (default from settings).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default from settings).")] = None,
+) -> None:
+    """Run the REST service (uvicorn) on the configured catalog."""
+    import uvicorn
+
+    from service.app import create_app
+    from service.auth import check_bind
+
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    settings = Settings(**{**get_settings().model_dump(exclude_unset=True), **overrides})
+    check_bind(settings)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+
+
+# -- ingest and takedowns --------------------------------------------------------------------
+def _read_rows(path: Path) -> Any:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not path.is_file():
+        raise InvalidInput(f"{path}: no such file", path=str(path))
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        return pq.read_table(path)
+    if suffix in (".arrow", ".arrows", ".ipc"):
+        with pa.OSFile(str(path)) as f:
+            try:
+                return pa.ipc.open_file(f).read_all()
+            except pa.ArrowInvalid:
+                f.seek(0)
+                return pa.ipc.open_stream(f).read_all()
+    text = path.read_text()
+    try:
+        if suffix == ".jsonl":
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(f"{path}: not valid JSON: {exc}", path=str(path)) from exc
+    if not isinstance(rows, list):
+        raise InvalidInput(f"{path}: expected a JSON array of rows", path=str(path))
+    return rows
+
+
+_TABLES = ("assets", "clips", "latents", "scores", "captions", "tombstones", "asset_events", "jobs")
+
+
+@app.command()
+def ingest(
+    table: Annotated[str, typer.Argument(help=f"One of: {', '.join(_TABLES)}.")],
+    file: Annotated[Path, typer.Argument(help="JSON array, JSONL, Parquet or Arrow IPC.")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Ingest a batch of rows into one table (one commit; rejected whole if any row is bad)."""
+    if table not in _TABLES:
+        raise InvalidInput(f"unknown table {table!r}; one of {', '.join(_TABLES)}", table=table)
+    rows = _read_rows(file)
+    if url:
+        import pyarrow as pa
+
+        if isinstance(rows, pa.Table):
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, rows.schema) as writer:
+                writer.write_table(rows)
+            body = sink.getvalue().to_pybytes()
+            result = _Client(url, token).call(
+                "POST",
+                f"/v1/{table.replace('_', '-')}",
+                content=body,
+                headers={"Content-Type": "application/vnd.apache.arrow.stream"},
+            )
+        else:
+            result = _Client(url, token).call("POST", f"/v1/{table.replace('_', '-')}", json=rows)
+    else:
+        result = getattr(_lake().catalog, f"add_{table}")(rows).to_dict()
+    _emit(result, as_json)
+
+
+@app.command()
+def tombstone(
+    asset_id: Annotated[str, typer.Argument(help="The asset's SHA-256.")],
+    reason: Annotated[str, typer.Option(help="Why (recorded).")],
+    kind: Annotated[
+        str, typer.Option(help="soft: exclude from later cuts; hard: also erase bytes.")
+    ] = "soft",
+    by: Annotated[str | None, typer.Option(help="Who asked.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Take an asset down: every later snapshot excludes all of its clips."""
+    row = {"asset_id": asset_id, "reason": reason, "kind": kind, "requested_by": by}
+    if url:
+        result = _Client(url, token).call("POST", "/v1/tombstones", json=[row])
+    else:
+        result = _lake().catalog.add_tombstones([row]).to_dict()
+    _emit(result, as_json)
+
+
+# -- snapshots ------------------------------------------------------------------------------
+@app.command()
+def cut(
+    recipe: Annotated[Path, typer.Argument(help="Recipe file (YAML or JSON).")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cut a snapshot from a recipe at its catalog pin and register the next version."""
+    from materializer.recipe import load_recipe
+
+    if not recipe.is_file():
+        raise InvalidInput(f"{recipe}: no such file", path=str(recipe))
+    parsed = load_recipe(recipe)
+    if url:
+        result = _cut_remote(_Client(url, token), parsed, progress=not as_json)
+        _emit(result, as_json, _render_snapshot)
+        return
+    from materializer.cut import cut_snapshot
+
+    lake = _lake()
+    with _progress(not as_json) as report:
+        record = cut_snapshot(lake.catalog, lake.registry, parsed, progress=report)
+    _emit(record.snapshot, as_json, _render_snapshot)
+
+
+def _cut_remote(client: _Client, recipe: Any, *, progress: bool) -> Any:
+    import time
+
+    job = client.call(
+        "POST", "/v1/snapshots", json={"recipe": json.loads(recipe.to_canonical_json())}
+    )
+    job_id = job["id"]
+    with _progress(progress) as report:
+        while True:
+            state = client.call("GET", f"/v1/jobs/{job_id}")
+            if state.get("stage"):
+                report(state["stage"], float(state.get("progress") or 0.0))
+            if state["state"] in ("succeeded", "failed"):
+                break
+            time.sleep(0.25)
+    if state["state"] == "failed":
+        error = state.get("error") or {}
+        raise _RemoteError(
+            409 if error.get("code") == "conflict" else 422,
+            error.get("message", "cut failed"),
+            state,
+        )
+    version = state["result"]["version"]
+    return client.call("GET", f"/v1/snapshots/{version}")
+
+
+def _render_snapshot(snap: dict[str, Any]) -> None:
+    out.print(
+        f"[bold]snapshot v{snap['version']}[/bold]  parent={snap['parent']}  "
+        f"steps={snap['num_steps']}  samples={snap['counts']['samples']}  "
+        f"plan rows={snap['plan_rows']}"
+    )
+    shares = Table("phase", "stream", "target", "realized", "bound", title="stream shares")
+    for phase in snap["phases"]:
+        for name, target in phase["targets"].items():
+            shares.add_row(
+                phase["name"],
+                name,
+                f"{target:.4f}",
+                f"{phase['realized'].get(name, 0.0):.4f}",
+                f"±{phase['share_bound'].get(name, 0.0):.1f} {phase['unit']}",
+            )
+    out.print(shares)
+    drops = Table("reason", "samples", title="dropped")
+    for reason, n in snap["drops"].items():
+        drops.add_row(reason, str(n))
+    out.print(drops)
+
+
+@app.command()
+def snapshots(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """List registered snapshot versions."""
+    rows = _client(url, token).call("GET", "/v1/snapshots")["data"]
+
+    def render(items: list[dict[str, Any]]) -> None:
+        table = Table(
+            "version", "parent", "patch_of", "recipe", "steps", "samples", "pinned", "created"
+        )
+        for r in items:
+            table.add_row(
+                str(r["version"]),
+                str(r["parent"]),
+                str(r["patch_of"] or ""),
+                str(r["name"]),
+                str(r["num_steps"]),
+                str(r["counts"].get("samples", "")),
+                "yes" if r["pinned"] else "",
+                r["created_at"],
+            )
+        out.print(table)
+
+    _emit(rows, as_json, render)
+
+
+@app.command()
+def show(
+    version: int, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Show one snapshot's metadata (snapshot.json)."""
+    if url:
+        snap = _Client(url, token).call("GET", f"/v1/snapshots/{version}")
+    else:
+        snap = _lake().registry.get(version).snapshot
+    _emit(snap, as_json, _render_snapshot)
+
+
+@app.command()
+def diff(
+    a: int, b: int, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """What changed between two versions: clips added/removed, stream shares, drops."""
+    if url:
+        data = _Client(url, token).call("GET", f"/v1/snapshots/{a}/diff/{b}")
+    else:
+        data = _lake().registry.diff(a, b, max_clips=20).model_dump(mode="json")
+    _emit(data, True)
+
+
+@app.command()
+def patch(
+    version: int,
+    reason: Annotated[str, typer.Option(help="Why (recorded in the new version).")],
+    clips: Annotated[
+        list[str] | None, typer.Option("--clip", help="Clip id to exclude (repeat).")
+    ] = None,
+    assets: Annotated[
+        list[str] | None, typer.Option("--asset", help="Asset id to exclude (repeat).")
+    ] = None,
+    by: Annotated[str | None, typer.Option(help="Who asked.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a new version of V that skips the given clips/assets in every step."""
+    if not clips and not assets:
+        raise InvalidInput("name at least one --clip or --asset to exclude")
+    if url:
+        body = {
+            "exclude_clip_ids": clips or [],
+            "exclude_asset_ids": assets or [],
+            "reason": reason,
+            "by": by,
+        }
+        snap = _Client(url, token).call("POST", f"/v1/snapshots/{version}/patch", json=body)
+    else:
+        from manifests.patch import patch as do_patch
+
+        snap = do_patch(
+            _lake().registry,
+            version,
+            exclude_clip_ids=clips or None,
+            exclude_asset_ids=assets or None,
+            reason=reason,
+            by=by,
+        ).snapshot
+    _emit(snap, as_json, _render_snapshot)
+
+
+@app.command()
+def pin(
+    version: int,
+    reason: Annotated[str, typer.Option(help="Why this version must be kept.")],
+    by: Annotated[str | None, typer.Option(help="Who pins it.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Protect a version's objects from garbage collection (embedded mode)."""
+    _emit(_lake().registry.pin(version, reason, by).model_dump(mode="json"), as_json)
+
+
+@app.command()
+def unpin(version: int, as_json: JsonOpt = False) -> None:
+    """Remove a version's pin (embedded mode)."""
+    _emit({"version": version, "unpinned": _lake().registry.unpin(version)}, as_json)
+
+
+# -- SQL, lineage, forensics, jobs --------------------------------------------------------------
+@app.command()
+def sql(
+    query: Annotated[str, typer.Argument(help="One read-only SELECT/WITH statement (DuckDB).")],
+    snapshot: Annotated[
+        int | None, typer.Option(help="Read at the pin snapshot V was cut from.")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="Row limit (at most the server's).")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Query the catalog tables (and the `manifests` view) read-only."""
+    body: dict[str, Any] = {"query": query}
+    if snapshot is not None:
+        body["snapshot"] = snapshot
+    if limit is not None:
+        body["limit"] = limit
+    result = _client(url, token).call("POST", "/v1/sql", json=body)
+
+    def render(data: dict[str, Any]) -> None:
+        table = Table(*[c["name"] for c in data["columns"]])
+        for row in data["rows"]:
+            table.add_row(*["" if v is None else str(v) for v in row])
+        out.print(table)
+        if data["truncated"]:
+            err.print(f"[yellow]truncated at {data['row_count']} rows[/yellow]")
+
+    _emit(result, as_json, render)
+
+
+@app.command()
+def lineage(
+    clip_id: Annotated[str, typer.Argument(help="The clip id.")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+) -> None:
+    """Everything about one clip: asset, licence, scores, captions, latents, snapshots/steps."""
+    _emit(_client(url, token).call("GET", f"/v1/lineage/clips/{clip_id}"), True)
+
+
+@app.command()
+def step(
+    version: int,
+    step_number: Annotated[int, typer.Argument(metavar="STEP", help="Global step number.")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The exact samples of one step, with a lineage summary (forensics after a loss spike)."""
+    data = _client(url, token).call("GET", f"/v1/snapshots/{version}/steps/{step_number}")
+
+    def render(d: dict[str, Any]) -> None:
+        table = Table(
+            "pos",
+            "row",
+            "clip",
+            "asset",
+            "stream",
+            "tier",
+            "source",
+            "license",
+            title=f"v{d['version']} step {d['step']} (phase {d['phase']}, bucket {d['bucket']}, "
+            f"{d['count']} samples, {d['skipped']} skipped)",
+        )
+        for smp in d["samples"]:
+            table.add_row(
+                str(smp["position"]),
+                str(smp["row"]),
+                smp["clip_id"][:16],
+                smp["asset_id"][:12],
+                smp["stream"],
+                str(smp.get("tier")),
+                str(smp.get("source")),
+                str(smp.get("license_id")),
+            )
+        out.print(table)
+
+    _emit(data, as_json, render)
+
+
+@app.command()
+def jobs(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Background jobs (cuts) with state and progress."""
+    data = _client(url, token).call("GET", "/v1/jobs")
+
+    def render(d: dict[str, Any]) -> None:
+        table = Table("id", "kind", "state", "stage", "progress", "created", "error")
+        for j in d["data"]:
+            table.add_row(
+                j["id"],
+                j["kind"],
+                j["state"],
+                str(j.get("stage") or ""),
+                f"{100 * j['progress']:.0f}%",
+                j["created_at"],
+                (j.get("error") or {}).get("message", "") if j.get("error") else "",
+            )
+        out.print(table)
+
+    _emit(data, as_json, render)
+
+
+# -- the node cache --------------------------------------------------------------------------
+CacheDir = Annotated[
+    Path | None, typer.Option("--dir", help="Cache directory (default from settings).")
+]
+Budget = Annotated[
+    int | None, typer.Option("--budget", help="Budget in bytes (must match the cache's).")
+]
+
+
+def _cache(directory: Path | None, budget: int | None) -> Any:
+    from loader.cache import NodeCache
+
+    settings = get_settings()
+    root = directory or Path(settings.resolved()["cache_dir"])
+    return NodeCache(root, budget or settings.cache_budget_bytes)
+
+
+@cache_app.command("stats")
+def cache_stats(directory: CacheDir = None, budget: Budget = None) -> None:
+    """Entries, bytes, reservations, hits, misses, evictions."""
+    with _cache(directory, budget) as cache:
+        _emit(cache.stats(), True)
+
+
+@cache_app.command("verify")
+def cache_verify(directory: CacheDir = None, budget: Budget = None) -> None:
+    """Re-hash every cached object; drop the corrupt ones."""
+    with _cache(directory, budget) as cache:
+        _emit(cache.verify(), True)
+
+
+@cache_app.command("gc")
+def cache_gc(
+    directory: CacheDir = None,
+    budget: Budget = None,
+    target: Annotated[int | None, typer.Option(help="Evict down to this many bytes.")] = None,
+) -> None:
+    """Evict unleased objects (LRU) down to a target size."""
+    with _cache(directory, budget) as cache:
+        _emit(cache.gc(target), True)
+
+
+# -- the demo ------------------------------------------------------------------------------
+@app.command()
+def demo(
+    assets: Annotated[int, typer.Option(help="Assets in the synthetic corpus (first run).")] = 1500,
+) -> None:
+    """Run the end-to-end demo on the configured home (default ./.vidlake/)."""
+    from service.demo import run_demo
+
+    run_demo(get_settings(), assets=assets)
