@@ -21,6 +21,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from catalog.errors import InvalidInput, VidlakeError
+from service.cli_interop import export_app, import_app
+from service.cli_storage import storage_app
 from service.lake import Lake
 from service.settings import Settings, get_settings
 
@@ -35,6 +37,9 @@ app = typer.Typer(
 )
 cache_app = typer.Typer(help="The node cache of latents (loader side).", no_args_is_help=True)
 app.add_typer(cache_app, name="cache")
+app.add_typer(storage_app, name="storage")
+app.add_typer(import_app, name="import")
+app.add_typer(export_app, name="export")
 
 out = Console()
 err = Console(stderr=True)
