@@ -1,0 +1,555 @@
+"""``SnapshotDataset``: one rank-local batch per global step, exact and resumable.
+
+The dataset is a cursor over a snapshot's plan: a pure function of (snapshot, step,
+rank, world size). Step ``s`` gives rank ``r`` of ``W`` the rows
+``rows[s][r*B//W:(r+1)*B//W]``; their latents come through the node cache, are decoded
+by format and stacked per tensor key. Resuming is a seek (``load_state_dict``), never
+a replay, and any world size that divides the batch continues the same sample
+sequence.
+
+With ``DataLoader(ds, batch_size=None, num_workers=N)`` worker ``w`` takes the steps
+``start + w, start + w + N, …``, which is the order in which the DataLoader collects
+them round-robin, so batches arrive in step order. Workers run in other processes, so
+the dataset object in the training process cannot see their progress: record
+``batch["step"] + 1`` as the next step (``ds.state_dict(next_step=…)``) or iterate
+through :class:`StatefulLoader`, which does that.
+
+Each iterator owns a bounded thread pool that fetches and decodes the rows of the next
+``prefetch_steps`` steps while the current one trains, so cache misses hide under step
+time. Leases are held only while a row is fetched and decoded; closing the iterator
+(exhaustion, ``close()``, an exception, garbage collection) cancels what is queued and
+joins the threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+import threading
+import weakref
+from collections.abc import Generator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+from filelock import FileLock
+from numpy.typing import NDArray
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from catalog.errors import IntegrityError, InvalidInput
+from loader.cache import NodeCache
+from loader.decode import copy_into, decode_file, read_into, safetensors_specs, sniff_format
+from loader.plan import PlanReader, StepInfo, open_plan
+from loader.source import SnapshotSource, open_source
+
+__all__ = ["RESERVED_KEYS", "SnapshotDataset", "StatefulLoader"]
+
+#: Keys of a batch that are not tensors from the latent (tensor keys may not use them).
+RESERVED_KEYS = frozenset(
+    {"clip_ids", "rows", "step", "phase", "bucket", "captions", "text_embeddings"}
+)
+
+_INDEX_COLUMNS = [
+    "clip_id",
+    "stream",
+    "object_sha256",
+    "offset",
+    "length",
+    "member_sha256",
+    "format",
+    "tensor_keys",
+    "captions",
+    "text_embedding_sha256",
+]
+
+
+class SnapshotDataset(IterableDataset[dict[str, Any]]):
+    """Rank-local batches of a published snapshot, in step order.
+
+    Args:
+        source: where the snapshot is published: ``http://host:port`` (a vidlake
+            service), ``s3://bucket/prefix`` or a local store path, or an open source.
+        version: the snapshot version.
+        rank: this process's rank.
+        world_size: ranks in the job; must divide every step's global batch.
+        cache_dir: node-local directory shared by all ranks (plan files and cache).
+        cache_budget_bytes: the node cache's budget; every process on the node must
+            pass the same value.
+        prefetch_steps: steps fetched ahead of the one being consumed (0: none).
+        prefetch_threads: threads per iterator doing fetch and decode.
+        start_step: first step (``load_state_dict`` overrides it).
+        end_step: one past the last step (default: the plan's end).
+        verify_hits: have the cache re-hash objects on hit (see ``loader.cache``).
+        cache_reserve_bytes: free disk the cache keeps (default: the cache's).
+        cache_full_wait_s: how long a miss waits for other processes' leases when the
+            budget is full, before raising :class:`CacheFull`.
+        text_embeddings: fetch the caption variant's text embedding when present.
+        token: bearer token for a service source.
+        endpoint_url: S3-compatible endpoint for an ``s3://`` source.
+        path_style: S3 path-style addressing.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | SnapshotSource,
+        version: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        cache_dir: str | os.PathLike[str],
+        cache_budget_bytes: int,
+        prefetch_steps: int = 2,
+        prefetch_threads: int = 8,
+        start_step: int = 0,
+        end_step: int | None = None,
+        verify_hits: bool = True,
+        cache_reserve_bytes: int | None = None,
+        cache_full_wait_s: float = 30.0,
+        text_embeddings: bool = True,
+        token: str | None = None,
+        endpoint_url: str | None = None,
+        path_style: bool | None = None,
+    ) -> None:
+        super().__init__()
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise InvalidInput(f"rank {rank} is not in 0..{world_size - 1}", rank=rank)
+        if prefetch_steps < 0 or prefetch_threads < 1:
+            raise InvalidInput("prefetch_steps must be >= 0 and prefetch_threads >= 1")
+        if start_step < 0:
+            raise InvalidInput(f"start_step must be >= 0, got {start_step}", step=start_step)
+        self.source = source if isinstance(source, SnapshotSource) else os.fspath(source)
+        self.version = version
+        self.rank = rank
+        self.world_size = world_size
+        self.cache_dir = Path(cache_dir)
+        self.cache_budget_bytes = cache_budget_bytes
+        self.prefetch_steps = prefetch_steps
+        self.prefetch_threads = prefetch_threads
+        self.end_step = end_step
+        self.verify_hits = verify_hits
+        self.cache_reserve_bytes = cache_reserve_bytes
+        self.cache_full_wait_s = cache_full_wait_s
+        self.text_embeddings = text_embeddings
+        self._source_kw = {"token": token, "endpoint_url": endpoint_url, "path_style": path_style}
+        self._next_step = start_step
+        self._plan: PlanReader | None = None
+        self._src: SnapshotSource | None = None
+        self._sizes: dict[str, int] = {}
+
+    # -- lazily created per process ----------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        # Clients are per process; the plan reader pickles as paths and remaps lazily.
+        state.update(_src=None, _sizes={})
+        return state
+
+    @property
+    def plan(self) -> PlanReader:
+        """The memory-mapped plan (downloaded once per node on first use)."""
+        if self._plan is None:
+            plan = open_plan(self._open_source(), self.version, self.cache_dir)
+            plan.check_world_size(self.world_size)
+            self._plan = plan
+        return self._plan
+
+    def _open_source(self) -> SnapshotSource:
+        if self._src is None:
+            self._src = open_source(self.source, **self._source_kw)  # type: ignore[arg-type]
+        return self._src
+
+    def _node_cache(self) -> NodeCache:
+        # One cache object per iterator: its per-thread SQLite connections die with it.
+        kwargs: dict[str, Any] = {"full_wait_s": self.cache_full_wait_s}
+        if self.cache_reserve_bytes is not None:
+            kwargs["reserve_bytes"] = self.cache_reserve_bytes
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        # Opening serialised per node: processes creating the cache database at the same
+        # moment can trip over SQLite's switch to WAL mode ("database is locked").
+        with FileLock(str(self.cache_dir / "latents.lock")):
+            return NodeCache(
+                self.cache_dir / "latents",
+                self.cache_budget_bytes,
+                verify_hits=self.verify_hits,
+                **kwargs,
+            )
+
+    def close(self) -> None:
+        """Unmap the plan (remapped lazily if the dataset is used again).
+
+        Iterators own their threads and cache connections and release them when they
+        end or are closed.
+        """
+        if self._plan is not None:
+            self._plan.close()
+
+    def __enter__(self) -> SnapshotDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- state -------------------------------------------------------------------------
+    @property
+    def next_step(self) -> int:
+        """The step the next iterator starts at (advanced only by in-process iteration)."""
+        return self._next_step
+
+    def state_dict(self, next_step: int | None = None) -> dict[str, Any]:
+        """``{"version", "plan_sha256", "next_step"}``.
+
+        Args:
+            next_step: the step to resume at. Pass ``batch["step"] + 1`` of the last
+                batch trained on when DataLoader workers run the iteration; default is
+                this object's own cursor (right for ``num_workers=0``).
+        """
+        step = self._next_step if next_step is None else next_step
+        return {"version": self.version, "plan_sha256": self.plan.plan_sha256, "next_step": step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state["next_step"]`` in O(1).
+
+        Raises:
+            InvalidInput: a malformed state, a state from another plan (both SHA-256s
+                named), or a step outside the plan.
+        """
+        try:
+            sha, step = str(state["plan_sha256"]), int(state["next_step"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInput(f"not a SnapshotDataset state: {state!r}") from exc
+        plan = self.plan
+        if sha != plan.plan_sha256:
+            raise InvalidInput(
+                f"state is from plan {sha} (snapshot {state.get('version')}), this dataset "
+                f"reads plan {plan.plan_sha256} (snapshot {self.version})",
+                state_plan_sha256=sha,
+                plan_sha256=plan.plan_sha256,
+            )
+        self.seek(step)
+
+    def seek(self, step: int) -> None:
+        """Make the next iterator start at global step ``step`` (``0..num_steps``)."""
+        if not 0 <= step <= self.plan.num_steps:
+            raise InvalidInput(f"step {step} is outside 0..{self.plan.num_steps}", step=step)
+        self._next_step = step
+
+    # -- iteration ---------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Steps left from the cursor (what one iterator yields in this process)."""
+        return max(0, self._end() - self._next_step)
+
+    def _end(self) -> int:
+        n = self.plan.num_steps
+        return n if self.end_step is None else min(self.end_step, n)
+
+    def __iter__(self) -> Generator[dict[str, Any], None, None]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        steps = range(self._next_step + worker, self._end(), workers)
+        return self._iterate(steps, track=info is None)
+
+    def _iterate(self, steps: range, *, track: bool) -> Generator[dict[str, Any], None, None]:
+        plan = self.plan
+        cache = self._node_cache()
+        executor = ThreadPoolExecutor(self.prefetch_threads, thread_name_prefix="vidlake-prefetch")
+        # In the training process, recycle batch memory (see _BufferPool).
+        buffers = _BufferPool(keep=self.prefetch_steps + 3) if track else None
+        pending: collections.deque[_Step] = collections.deque()
+        todo = iter(steps)
+
+        def top_up(depth: int) -> None:
+            while len(pending) < depth and (step := next(todo, None)) is not None:
+                pending.append(self._submit(executor, buffers, cache, plan, step))
+
+        try:
+            top_up(self.prefetch_steps + 1)
+            while pending:
+                current = pending.popleft()
+                # While the consumer holds step s, steps s+1 .. s+K are in flight.
+                top_up(self.prefetch_steps)
+                batch = current.assemble()
+                if track:
+                    self._next_step = current.info.step + 1
+                yield batch
+        finally:
+            for item in pending:
+                item.cancel()
+            executor.shutdown(wait=True, cancel_futures=True)
+            cache.close()
+
+    def _submit(
+        self,
+        executor: ThreadPoolExecutor,
+        buffers: _BufferPool | None,
+        cache: NodeCache,
+        plan: PlanReader,
+        step: int,
+    ) -> _Step:
+        info = plan.step_info(step)
+        rows = plan.rows(step, self.rank, self.world_size)
+        table = plan.index_columns(rows, _INDEX_COLUMNS)
+        records = table.to_pylist()
+        variants = _caption_variants(records, rows, info)
+        buffer = _BatchBuffer(len(records), buffers)
+        latents = [
+            executor.submit(self._load_latent, cache, rec, buffer, i)
+            for i, rec in enumerate(records)
+        ]
+        embeds: list[Future[Any] | None] = []
+        for rec, v in zip(records, variants, strict=True):
+            shas = rec["text_embedding_sha256"]
+            want = self.text_embeddings and v is not None and v < len(shas) and shas[v]
+            embeds.append(executor.submit(self._load_embedding, cache, shas[v]) if want else None)
+        captions = [
+            rec["captions"][v] if v is not None else None
+            for rec, v in zip(records, variants, strict=True)
+        ]
+        return _Step(info, rows, table, captions, buffer, latents, embeds)
+
+    def _load_latent(
+        self, cache: NodeCache, rec: dict[str, Any], buffer: _BatchBuffer, i: int
+    ) -> dict[str, torch.Tensor] | None:
+        """Fetch row ``i``'s latent and decode it into its row of the batch tensors.
+
+        Returns None when the row landed in the batch buffer, or the decoded tensors
+        when they do not fit it (the step then fails with a clear error).
+        """
+        src = self._open_source()
+        obj, off, n, member = (
+            rec["object_sha256"],
+            rec["offset"],
+            rec["length"],
+            rec["member_sha256"],
+        )
+
+        def fetch(tmp: Path) -> None:
+            # Unverified on purpose: the cache hashes the file against `member` before
+            # it renames it into place, and nothing reads it before that.
+            src.fetch_range(obj, off, n, tmp)
+
+        keys = list(rec["tensor_keys"])
+        with cache.lease(member, n, fetch) as path:
+            if rec["format"] == "safetensors":
+                # Header only, then each tensor's bytes straight into the batch: one copy.
+                with open(path, "rb") as f:
+                    specs = safetensors_specs(f, keys, f"safetensors latent {member}")
+                    slots = buffer.slots(i, {k: (s.dtype, s.shape) for k, s in specs.items()})
+                    if slots is not None:
+                        for k, spec in specs.items():
+                            read_into(f, spec, slots[k])
+                        return None
+            tensors = decode_file(path, rec["format"], keys, sha256=member)
+            slots = buffer.slots(i, {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()})
+            if slots is None:
+                return tensors
+            for k, t in tensors.items():
+                copy_into(slots[k], t)
+            return None
+
+    def _load_embedding(self, cache: NodeCache, sha: str) -> Any:
+        src = self._open_source()
+        size = self._sizes.get(sha)
+        if size is None:
+            size = self._sizes[sha] = src.object_size(sha)
+
+        def fetch(tmp: Path) -> None:
+            src.fetch_range(sha, 0, size, tmp)  # verified by the cache, as above
+
+        with cache.lease(sha, size, fetch) as path:
+            with open(path, "rb") as f:
+                fmt = sniff_format(f.read(16))
+            tensors = decode_file(path, fmt, [], sha256=sha)
+        return next(iter(tensors.values())) if len(tensors) == 1 else tensors
+
+
+def _caption_variants(
+    records: list[dict[str, Any]], rows: NDArray[np.int64], info: StepInfo
+) -> list[int | None]:
+    """Variant ``(epoch + row) % len(captions)``, epoch = the row's stream's epoch now."""
+    out: list[int | None] = []
+    for rec, row in zip(records, rows.tolist(), strict=True):
+        n = len(rec["captions"])
+        stream = int(rec["stream"])
+        epoch = int(info.stream_epochs[stream]) if stream < len(info.stream_epochs) else 0
+        out.append((epoch + row) % n if n else None)
+    return out
+
+
+class _BufferPool:
+    """Recycles the memory of batch tensors that the consumer has let go of.
+
+    Writing into fresh pages costs a fault and a zeroing per 4 KiB, about as much as
+    the copy itself. Each batch tensor is a view of a pooled block; a finalizer on the
+    numpy array that backs the tensor's storage returns the block when the last tensor
+    (or view) using it is freed — in any thread. At most ``keep`` free blocks of each
+    size are kept. Only used in the training process: a DataLoader worker's tensors
+    move to shared memory anyway.
+    """
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._free: dict[int, list[NDArray[np.uint8]]] = {}
+        self._lock = threading.Lock()
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        with self._lock:
+            blocks = self._free.get(nbytes)
+            block = blocks.pop() if blocks else None
+        if block is None:
+            block = np.empty(max(nbytes, 1), dtype=np.uint8)
+        view = block[:nbytes]  # a new array object: torch holds it, we watch it
+        weakref.finalize(view, self._give_back, block)
+        return torch.from_numpy(view).view(dtype).reshape(shape)
+
+    def _give_back(self, block: NDArray[np.uint8]) -> None:
+        with self._lock:
+            blocks = self._free.setdefault(len(block), [])
+            if len(blocks) < self.keep:
+                blocks.append(block)
+
+
+class _BatchBuffer:
+    """The batch tensors of one step, allocated when its first row arrives.
+
+    Rows of a step share a bucket, hence tensor names, dtypes and shapes; each fetch
+    thread writes its row in place. A row that does not fit is kept aside and makes
+    the step fail with an error naming both layouts.
+    """
+
+    def __init__(self, rows: int, pool: _BufferPool | None) -> None:
+        self.rows = rows
+        self.pool = pool
+        self.layout: dict[str, tuple[torch.dtype, tuple[int, ...]]] | None = None
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._lock = threading.Lock()
+
+    def slots(
+        self, i: int, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]]
+    ) -> dict[str, torch.Tensor] | None:
+        """Row ``i`` of each batch tensor, or None when ``layout`` differs from the batch's."""
+        with self._lock:
+            if self.layout is None:
+                self.layout = layout
+                self.tensors = {
+                    k: self._empty((self.rows, *shape), dtype)
+                    for k, (dtype, shape) in layout.items()
+                }
+            elif layout != self.layout:
+                return None
+        return {k: t[i] for k, t in self.tensors.items()}
+
+    def _empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        if self.pool is None:
+            return torch.empty(shape, dtype=dtype)
+        return self.pool.empty(shape, dtype)
+
+
+class _Step:
+    """One step in flight: the plan's facts, its batch buffer and its rows' futures."""
+
+    def __init__(
+        self,
+        info: StepInfo,
+        rows: NDArray[np.int64],
+        table: pa.Table,
+        captions: list[str | None],
+        buffer: _BatchBuffer,
+        latents: list[Future[dict[str, torch.Tensor] | None]],
+        embeds: list[Future[Any] | None],
+    ) -> None:
+        self.info = info
+        self.rows = rows
+        self.table = table
+        self.captions = captions
+        self.buffer = buffer
+        self.latents = latents
+        self.embeds = embeds
+
+    def cancel(self) -> None:
+        for f in [*self.latents, *self.embeds]:
+            if f is not None:
+                f.cancel()
+
+    def assemble(self) -> dict[str, Any]:
+        misfits = [(i, f.result()) for i, f in enumerate(self.latents)]
+        for i, tensors in misfits:
+            if tensors is not None:
+                found = {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()}
+                raise IntegrityError(
+                    f"step {self.info.step}: row {int(self.rows[i])} has tensors {found}, "
+                    f"the rest of its bucket {self.buffer.layout}",
+                    step=self.info.step,
+                    row=int(self.rows[i]),
+                )
+        batch: dict[str, Any] = {}
+        for key, tensor in self.buffer.tensors.items():
+            if key in RESERVED_KEYS:
+                raise IntegrityError(f"tensor key {key!r} collides with a reserved batch key")
+            batch[key] = tensor
+        batch["clip_ids"] = self.table.column("clip_id").to_pylist()
+        batch["rows"] = torch.from_numpy(self.rows.copy())
+        batch["step"] = self.info.step
+        batch["phase"] = self.info.phase
+        batch["bucket"] = self.info.bucket
+        batch["captions"] = self.captions
+        embeds = [f.result() if f is not None else None for f in self.embeds]
+        if any(e is not None for e in embeds):
+            batch["text_embeddings"] = _maybe_stack(embeds)
+        return batch
+
+
+def _maybe_stack(items: list[Any]) -> Any:
+    """Stack embeddings when every row has one of one shape; else the list as is."""
+    tensors = all(isinstance(t, torch.Tensor) for t in items)
+    if tensors and len({tuple(t.shape) for t in items}) == 1:
+        return torch.stack(items)
+    return items
+
+
+class StatefulLoader:
+    """A ``DataLoader`` over a :class:`SnapshotDataset` that knows where to resume.
+
+    It records ``batch["step"] + 1`` of each batch it hands out, so ``state_dict()`` is
+    right whatever ``num_workers`` is. A new DataLoader (and new workers) is made for
+    every ``iter()``, starting at the recorded step.
+
+    Args:
+        dataset: the dataset.
+        num_workers: DataLoader worker processes.
+        **dataloader_kwargs: passed on (``pin_memory``, ``prefetch_factor``, …);
+            ``batch_size`` is always None and ``persistent_workers`` must stay off.
+    """
+
+    def __init__(self, dataset: SnapshotDataset, *, num_workers: int = 0, **dataloader_kwargs: Any):
+        if dataloader_kwargs.get("persistent_workers"):
+            raise InvalidInput("persistent_workers would keep a stale cursor in the workers")
+        dataloader_kwargs.pop("batch_size", None)
+        self.dataset = dataset
+        self.num_workers = num_workers
+        self._kwargs = dataloader_kwargs
+        self._next_step = dataset.next_step
+
+    def __iter__(self) -> Generator[dict[str, Any], None, None]:
+        self.dataset.seek(self._next_step)
+        loader: DataLoader[dict[str, Any]] = DataLoader(
+            self.dataset, batch_size=None, num_workers=self.num_workers, **self._kwargs
+        )
+        for batch in loader:
+            self._next_step = int(batch["step"]) + 1
+            yield batch
+
+    def __len__(self) -> int:
+        return max(0, self.dataset._end() - self._next_step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The dataset's state at the step after the last batch handed out."""
+        return self.dataset.state_dict(next_step=self._next_step)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at ``state["next_step"]`` (see :meth:`SnapshotDataset.load_state_dict`)."""
+        self.dataset.load_state_dict(state)
+        self._next_step = self.dataset.next_step

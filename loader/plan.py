@@ -1,0 +1,598 @@
+"""Plan access: download a snapshot's plan once per node, memory-map it in every rank.
+
+:func:`open_plan` resolves ``version`` through a :class:`~loader.source.SnapshotSource`
+to ``snapshot.json``, and makes sure ``plan.arrow`` and ``index.arrow`` sit verified in
+``cache_dir``. One process per node does the download, under a file lock that the
+others wait on; files are written to a temp name, hashed against ``snapshot.json`` and
+only then renamed into place, so a file under its final name is always verified.
+
+Every process then memory-maps both files (``pyarrow.memory_map`` + the IPC file
+reader). Nothing is copied: :meth:`PlanReader.rows` returns a read-only numpy view into
+the mapped ``rows`` buffer, so resident memory grows with the steps a rank touches, not
+with the plan's size.
+
+Locating a step is O(1) when the plan's record batches hold a fixed number of steps
+(all but the last; the materializer's chunks do while the global batch is constant):
+step ``s`` lives in batch ``s // L`` at position ``s % L``, and the ``step`` column
+confirms it. A plan with uneven batches still reads correctly: opening it (or the first
+miss) builds an offsets array, one entry per record batch, and steps are located by
+binary search from then on. The index is located the same way by its ``row`` column.
+
+Layout of ``cache_dir``::
+
+    snapshots/v000001.json                   snapshot.json of version 1 (verified)
+    snapshots/v000001.lock                   the download lock
+    artifacts/<sha256>.plan.arrow            verified artifacts, content-addressed
+    artifacts/<sha256>.plan.arrow.gcd.json   gcd of the steps' batch sizes
+    artifacts/<sha256>.index.arrow
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from filelock import FileLock
+from numpy.typing import NDArray
+
+from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput
+from catalog.hashing import require_sha256, sha256_bytes, sha256_file
+from loader.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA, SNAPSHOT_REQUIRED_KEYS
+from loader.source import SnapshotSource, open_source
+
+__all__ = ["PlanReader", "StepInfo", "open_plan"]
+
+_ARTIFACTS = {"plan": "plan.arrow", "index": "index.arrow"}
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One global step's scalars (the rows come from :meth:`PlanReader.rows`)."""
+
+    step: int
+    phase: int
+    bucket: int
+    #: Epoch of each stream at this step, indexed by stream id.
+    stream_epochs: NDArray[np.int32]
+    #: Rows in the step now (after a patch removed ``skipped`` of them).
+    batch_size: int
+    skipped: int
+
+    @property
+    def original_batch_size(self) -> int:
+        """The batch size the plan was cut with; world sizes must divide it."""
+        return self.batch_size + self.skipped
+
+
+def _int_view(arr: pa.Array, dtype: type[np.generic]) -> NDArray[Any]:
+    """A zero-copy numpy view of a fixed-width, null-free Arrow array."""
+    buf = arr.buffers()[1]
+    if buf is None or len(arr) == 0:
+        return np.empty(0, dtype=dtype)
+    return np.frombuffer(
+        buf, dtype=dtype, count=len(arr), offset=arr.offset * np.dtype(dtype).itemsize
+    )
+
+
+def _list_views(arr: pa.Array, dtype: type[np.generic]) -> tuple[NDArray[np.int32], NDArray[Any]]:
+    """Zero-copy (offsets, values) of a ``list<fixed width>`` array."""
+    offsets = np.frombuffer(
+        arr.buffers()[1], dtype=np.int32, count=len(arr) + 1, offset=arr.offset * 4
+    )
+    return offsets, _int_view(arr.values, dtype)
+
+
+class _MappedFile:
+    """An Arrow IPC file mapped into memory, located by a 0..n-1 key column."""
+
+    def __init__(self, path: Path, schema: pa.Schema, key: str, what: str) -> None:
+        self.path = path
+        self.key = key
+        self.what = what
+        self._last: tuple[int, pa.RecordBatch] | None = None
+        self._offsets: NDArray[np.int64] | None = None
+        self._stride = 1
+        self.length = 0
+        self._mm = pa.memory_map(str(path), "r")
+        try:
+            self._reader = pa.ipc.open_file(self._mm)
+            found = self._reader.schema
+            if not found.remove_metadata().equals(schema.remove_metadata()):
+                raise IntegrityError(
+                    f"{what} at {path} has schema {found}, expected {schema}", path=str(path)
+                )
+            self.num_batches = self._reader.num_record_batches
+            if self.num_batches:
+                # Read through a short-lived private mapping: this rank may never use
+                # the first and last batches, so their pages need not stay resident.
+                with pa.memory_map(str(path), "r") as mm:
+                    reader = pa.ipc.open_file(mm)
+                    first = reader.get_batch(0).num_rows
+                    last = reader.get_batch(self.num_batches - 1).num_rows
+                self._stride = max(first, 1)
+                # Assumes equal batches; locate() confirms each hit on the key column.
+                self.length = (self.num_batches - 1) * first + last
+        except BaseException:
+            self._mm.close()
+            raise
+
+    def close(self) -> None:
+        self._last = None
+        self._mm.close()
+
+    def batch(self, b: int) -> pa.RecordBatch:
+        last = self._last
+        if last is not None and last[0] == b:
+            return last[1]
+        batch = self._reader.get_batch(b)
+        self._last = (b, batch)
+        return batch
+
+    def scan(self) -> Iterator[pa.RecordBatch]:
+        """Every record batch, read through a private, short-lived mapping.
+
+        Whole-file passes touch every page; doing them on a mapping that is unmapped
+        right after keeps those pages out of this process's resident set.
+        """
+        with pa.memory_map(str(self.path), "r") as mm:
+            reader = pa.ipc.open_file(mm)
+            for b in range(reader.num_record_batches):
+                yield reader.get_batch(b)
+
+    def build_offsets(self) -> None:
+        """Start offsets of every batch: the fallback for unevenly sized batches."""
+        if self._offsets is not None:
+            return
+        sizes = [batch.num_rows for batch in self.scan()]
+        self._offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+        self.length = int(self._offsets[-1])
+
+    def split(self, keys: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """(batch index, position in batch) for each key, assuming the current layout."""
+        if self._offsets is None:
+            b = keys // self._stride
+            return b, keys - b * self._stride
+        b = np.searchsorted(self._offsets, keys, side="right").astype(np.int64) - 1
+        return b, keys - self._offsets[b]
+
+    def locate(self, k: int) -> tuple[pa.RecordBatch, int]:
+        """The batch holding key ``k`` and its position there, checked on the key column."""
+        for _ in range(2):
+            bs, pos = self.split(np.array([k], dtype=np.int64))
+            b, p = int(bs[0]), int(pos[0])
+            if 0 <= b < self.num_batches:
+                batch = self.batch(b)
+                if p < batch.num_rows and _int_view(batch.column(self.key), np.int64)[p] == k:
+                    return batch, p
+            if self._offsets is not None:
+                break
+            self.build_offsets()
+        raise IntegrityError(
+            f"{self.what} at {self.path}: {self.key} {k} is not where the file says it is",
+            path=str(self.path),
+        )
+
+
+class PlanReader:
+    """A memory-mapped snapshot plan and index (see the module docstring).
+
+    Create it with :func:`open_plan`. Safe to pickle: the maps are dropped and reopened
+    from the verified local files on first use in the receiving process.
+    """
+
+    def __init__(
+        self,
+        *,
+        version: int,
+        snapshot: dict[str, Any],
+        snapshot_sha256: str,
+        plan_path: Path,
+        index_path: Path,
+    ) -> None:
+        self.version = version
+        self.snapshot = snapshot
+        self.snapshot_sha256 = snapshot_sha256
+        self.plan_sha256: str = snapshot["artifacts"]["plan.arrow"]["sha256"]
+        self.index_sha256: str = snapshot["artifacts"]["index.arrow"]["sha256"]
+        self.plan_path = plan_path
+        self.index_path = index_path
+        self._plan_file: _MappedFile | None = None
+        self._index_file: _MappedFile | None = None
+        self._allowed: list[int] | None = None
+        self._open()
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def _open(self) -> None:
+        self._plan_file = _MappedFile(self.plan_path, PLAN_SCHEMA, "step", "plan.arrow")
+        try:
+            self._index_file = _MappedFile(self.index_path, INDEX_SCHEMA, "row", "index.arrow")
+        except BaseException:
+            self._plan_file.close()
+            raise
+        declared = int(self.snapshot["num_steps"])
+        if self._plan_file.length != declared:
+            self._plan_file.build_offsets()
+        found = self._plan_file.length
+        if found != declared:
+            self.close()
+            raise IntegrityError(
+                f"plan.arrow holds {found} steps, snapshot.json says {declared}",
+                path=str(self.plan_path),
+            )
+
+    @property
+    def _plan(self) -> _MappedFile:
+        if self._plan_file is None:
+            self._open()
+        assert self._plan_file is not None
+        return self._plan_file
+
+    @property
+    def _index(self) -> _MappedFile:
+        if self._index_file is None:
+            self._open()
+        assert self._index_file is not None
+        return self._index_file
+
+    def close(self) -> None:
+        """Unmap both files (reopened lazily if the reader is used again)."""
+        for f in (self._plan_file, self._index_file):
+            if f is not None:
+                f.close()
+        self._plan_file = self._index_file = None
+
+    def __enter__(self) -> PlanReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_plan_file"] = state["_index_file"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    # -- steps -------------------------------------------------------------------------
+    @property
+    def num_steps(self) -> int:
+        """Global steps in the plan."""
+        return int(self.snapshot["num_steps"])
+
+    def _check_step(self, step: int) -> None:
+        if not 0 <= step < self.num_steps:
+            raise InvalidInput(
+                f"step {step} is outside snapshot {self.version}'s plan (0..{self.num_steps - 1})",
+                step=step,
+                num_steps=self.num_steps,
+            )
+
+    def _step_rows(self, step: int) -> tuple[pa.RecordBatch, int, NDArray[np.int64]]:
+        self._check_step(step)
+        batch, p = self._plan.locate(step)
+        offsets, values = _list_views(batch.column("rows"), np.int64)
+        return batch, p, values[offsets[p] : offsets[p + 1]]
+
+    def step_info(self, step: int) -> StepInfo:
+        """Phase, bucket, stream epochs and batch size of global step ``step``."""
+        batch, p, rows = self._step_rows(step)
+        eo, ev = _list_views(batch.column("stream_epochs"), np.int32)
+        return StepInfo(
+            step=step,
+            phase=int(_int_view(batch.column("phase"), np.int32)[p]),
+            bucket=int(_int_view(batch.column("bucket"), np.int32)[p]),
+            stream_epochs=ev[eo[p] : eo[p + 1]],
+            batch_size=len(rows),
+            skipped=int(_int_view(batch.column("skipped"), np.int32)[p]),
+        )
+
+    def global_rows(self, step: int) -> NDArray[np.int64]:
+        """The whole global batch of ``step`` (manifest row numbers), zero-copy."""
+        return self._step_rows(step)[2]
+
+    def rows(self, step: int, rank: int, world_size: int) -> NDArray[np.int64]:
+        """Rank ``rank`` of ``world_size``'s rows of ``step``: a zero-copy, read-only view.
+
+        Rank ``r`` takes ``rows[r*B//W:(r+1)*B//W]``. ``W`` must divide the step's
+        original batch size (``B + skipped``); a patched step with skipped rows is then
+        split as evenly as floor division allows.
+
+        Raises:
+            InvalidInput: bad step or rank, or a world size that does not divide the
+                batch (the message names the allowed sizes).
+        """
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise InvalidInput(
+                f"rank {rank} is not in 0..{world_size - 1}", rank=rank, world_size=world_size
+            )
+        batch, p, rows = self._step_rows(step)
+        original = len(rows) + int(_int_view(batch.column("skipped"), np.int32)[p])
+        if original % world_size:
+            self.check_world_size(world_size)  # names every allowed size
+            raise InvalidInput(  # pragma: no cover - check_world_size raised already
+                f"world size {world_size} does not divide step {step}'s batch {original}"
+            )
+        b = len(rows)
+        return rows[rank * b // world_size : (rank + 1) * b // world_size]
+
+    def allowed_world_sizes(self) -> list[int]:
+        """Every world size that divides all steps' original batch sizes (ascending)."""
+        if self._allowed is None:
+            self._allowed = _divisors(_batch_gcd(self.plan_path, self.plan_sha256))
+        return list(self._allowed)
+
+    def check_world_size(self, world_size: int) -> None:
+        """Raise :class:`InvalidInput` naming the allowed sizes unless ``world_size`` is one."""
+        allowed = self.allowed_world_sizes()
+        if world_size not in allowed and self.num_steps:
+            raise InvalidInput(
+                f"world size {world_size} does not divide the global batch of every step of "
+                f"snapshot {self.version}; allowed world sizes: {allowed}",
+                world_size=world_size,
+                allowed=allowed,
+            )
+
+    # -- index -------------------------------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        """Manifest rows in the index."""
+        return self._index.length
+
+    def index_columns(
+        self, rows: NDArray[np.int64] | list[int], columns: list[str] | None = None
+    ) -> pa.Table:
+        """The index records of ``rows``, in the order given (``row`` always included).
+
+        Each mapped record batch is gathered with ``take``; only the pages those rows
+        live on are read.
+
+        Raises:
+            InvalidInput: an unknown column or a row outside the index.
+        """
+        index = self._index
+        keys = np.asarray(rows, dtype=np.int64)
+        names = ["row", *[c for c in (columns or INDEX_SCHEMA.names) if c != "row"]]
+        unknown = set(names) - set(INDEX_SCHEMA.names)
+        if unknown:
+            raise InvalidInput(f"unknown index columns {sorted(unknown)}", columns=sorted(unknown))
+        if len(keys) and (keys.min() < 0 or keys.max() >= index.length):
+            index.build_offsets()  # the equal-batches estimate of the length may be short
+            if keys.min() < 0 or keys.max() >= index.length:
+                bad = int(keys[(keys < 0) | (keys >= index.length)][0])
+                raise InvalidInput(f"row {bad} is outside 0..{index.length - 1}", row=bad)
+        for _ in range(2):
+            table = self._gather(index, keys, names)
+            if np.array_equal(table.column("row").to_numpy(), keys):
+                return table
+            if index._offsets is not None:
+                break
+            index.build_offsets()
+        raise IntegrityError(
+            f"index.arrow at {index.path}: rows are misplaced", path=str(index.path)
+        )
+
+    @staticmethod
+    def _gather(index: _MappedFile, keys: NDArray[np.int64], names: list[str]) -> pa.Table:
+        schema = pa.schema([INDEX_SCHEMA.field(n) for n in names])
+        if not len(keys):
+            return schema.empty_table()
+        b, pos = index.split(keys)
+        order = np.argsort(b, kind="stable")
+        parts: list[pa.RecordBatch] = []
+        sorted_b = b[order]
+        starts = np.flatnonzero(np.r_[True, sorted_b[1:] != sorted_b[:-1]])
+        for i, start in enumerate(starts):
+            end = starts[i + 1] if i + 1 < len(starts) else len(order)
+            bi = int(sorted_b[start])
+            sel = order[start:end]
+            if not 0 <= bi < index.num_batches:
+                # Leave the row column wrong so that the caller rebuilds or reports.
+                parts.append(pa.RecordBatch.from_pylist([{"row": -1}] * len(sel), schema=schema))
+                continue
+            batch = index.batch(bi)
+            p = pos[sel]
+            if p.max() >= batch.num_rows:
+                parts.append(pa.RecordBatch.from_pylist([{"row": -1}] * len(sel), schema=schema))
+                continue
+            parts.append(batch.select(names).take(pa.array(p)))
+        table = pa.Table.from_batches(parts, schema=schema)
+        inverse = np.empty_like(order)
+        inverse[order] = np.arange(len(order))
+        return table.take(pa.array(inverse)).combine_chunks()
+
+
+def _gcd_path(plan_path: Path) -> Path:
+    return plan_path.with_name(plan_path.name + ".gcd.json")
+
+
+def _batch_gcd(plan_path: Path, plan_sha256: str) -> int:
+    """The gcd of every step's original batch size (``len(rows) + skipped``).
+
+    A whole-plan pass, so its result is kept next to the plan (``*.gcd.json``, written
+    atomically, derived from the verified file): the process that downloads the plan
+    computes it once and every later open on the node reads it in O(1).
+    """
+    side = _gcd_path(plan_path)
+    try:
+        doc = json.loads(side.read_bytes())
+        if doc.get("plan_sha256") == plan_sha256 and isinstance(doc.get("batch_gcd"), int):
+            return int(doc["batch_gcd"])
+    except (FileNotFoundError, ValueError, AttributeError):
+        pass
+    g = 0
+    with pa.memory_map(str(plan_path), "r") as mm:  # private mapping: pages leave with it
+        reader = pa.ipc.open_file(mm)
+        for b in range(reader.num_record_batches):
+            batch = reader.get_batch(b)
+            offsets, _ = _list_views(batch.column("rows"), np.int64)
+            sizes = np.diff(offsets).astype(np.int64)
+            sizes += _int_view(batch.column("skipped"), np.int32)
+            if len(sizes):
+                g = math.gcd(g, int(np.gcd.reduce(sizes)))
+            del offsets, sizes, batch  # nothing may pin the mapping
+    with contextlib.suppress(OSError):  # a read-only cache dir still works, just slower
+        _write_atomic(side, json.dumps({"plan_sha256": plan_sha256, "batch_gcd": g}).encode())
+    return g
+
+
+def _divisors(n: int) -> list[int]:
+    if n <= 0:
+        return []
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+# -- opening ---------------------------------------------------------------------------
+def _parse_snapshot(data: bytes, version: int) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise IntegrityError(f"snapshot.json of version {version} is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise IntegrityError(f"snapshot.json of version {version} is not an object")
+    missing = sorted(SNAPSHOT_REQUIRED_KEYS - doc.keys())
+    if missing:
+        raise IntegrityError(f"snapshot.json of version {version} lacks {missing}", missing=missing)
+    if int(doc["format"]) != FORMAT_VERSION:
+        raise IntegrityError(
+            f"snapshot {version} has format {doc['format']}; this loader reads {FORMAT_VERSION}",
+            format=doc["format"],
+        )
+    if int(doc["version"]) != version:
+        raise IntegrityError(f"asked for version {version}, snapshot.json says {doc['version']}")
+    for name in _ARTIFACTS.values():
+        entry = doc["artifacts"].get(name)
+        if not isinstance(entry, dict) or "sha256" not in entry or "size" not in entry:
+            raise IntegrityError(f"snapshot.json of version {version} does not list {name}")
+        require_sha256(entry["sha256"], f"artifacts.{name}.sha256")
+    return doc
+
+
+def _artifact_path(cache_dir: Path, sha256: str, kind: str) -> Path:
+    return cache_dir / "artifacts" / f"{sha256}.{kind}.arrow"
+
+
+def _ready(doc: dict[str, Any], cache_dir: Path) -> bool:
+    for kind, name in _ARTIFACTS.items():
+        entry = doc["artifacts"][name]
+        path = _artifact_path(cache_dir, entry["sha256"], kind)
+        try:
+            if path.stat().st_size != int(entry["size"]):
+                return False
+        except FileNotFoundError:
+            return False
+    return True
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+
+
+def _download(source: SnapshotSource, version: int, doc: dict[str, Any], cache_dir: Path) -> None:
+    """Fetch missing artifacts into place: temp file, SHA-256 and size check, rename."""
+    for kind, name in _ARTIFACTS.items():
+        entry = doc["artifacts"][name]
+        sha, size = entry["sha256"], int(entry["size"])
+        final = _artifact_path(cache_dir, sha, kind)
+        if final.exists() and final.stat().st_size == size:
+            continue
+        tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            source.download_artifact(version, name, sha, tmp)
+            actual, actual_size = sha256_file(tmp)
+            if actual != sha or actual_size != size:
+                raise ChecksumMismatch(
+                    f"{name} of snapshot {version} from {source.url}: got {actual_size} bytes "
+                    f"hashing to {actual}, snapshot.json says {size} bytes, {sha}",
+                    sha256=sha,
+                    actual=actual,
+                    expected_size=size,
+                    actual_size=actual_size,
+                )
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+
+def open_plan(
+    source: str | os.PathLike[str] | SnapshotSource,
+    version: int,
+    cache_dir: str | os.PathLike[str],
+    *,
+    lock_timeout_s: float = -1,
+) -> PlanReader:
+    """Open snapshot ``version``'s plan, downloading it once per node.
+
+    Args:
+        source: where the snapshot is published (see :func:`loader.source.open_source`).
+        version: the snapshot version.
+        cache_dir: a node-local directory shared by every rank of the node.
+        lock_timeout_s: how long to wait for another process's download (-1: forever).
+
+    Returns:
+        A :class:`PlanReader` over the memory-mapped, verified files.
+
+    Raises:
+        NotFound: the version is not published.
+        ChecksumMismatch: a downloaded file does not match ``snapshot.json``.
+        IntegrityError: the files do not follow :mod:`loader.format`.
+    """
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise InvalidInput(f"version must be a non-negative int, got {version!r}", version=version)
+    root = Path(cache_dir)
+    snap_path = root / "snapshots" / f"v{version:06d}.json"
+    local = _local_snapshot(snap_path, version)
+    if local is None or not _ready(local[1], root):
+        (root / "snapshots").mkdir(parents=True, exist_ok=True)
+        (root / "artifacts").mkdir(parents=True, exist_ok=True)
+        with FileLock(str(snap_path.with_suffix(".lock")), timeout=lock_timeout_s):
+            # Whoever held the lock before us may have done the work already.
+            local = _local_snapshot(snap_path, version)
+            src = open_source(source)
+            if local is None:
+                data, _ = src.snapshot_bytes(version)
+                local = data, _parse_snapshot(data, version)
+                _write_atomic(snap_path, data)
+            if not _ready(local[1], root):
+                _download(src, version, local[1], root)
+                plan_sha = local[1]["artifacts"]["plan.arrow"]["sha256"]
+                _batch_gcd(_artifact_path(root, plan_sha, "plan"), plan_sha)
+    data, doc = local
+    return PlanReader(
+        version=version,
+        snapshot=doc,
+        snapshot_sha256=sha256_bytes(data),
+        plan_path=_artifact_path(root, doc["artifacts"]["plan.arrow"]["sha256"], "plan"),
+        index_path=_artifact_path(root, doc["artifacts"]["index.arrow"]["sha256"], "index"),
+    )
+
+
+def _local_snapshot(path: Path, version: int) -> tuple[bytes, dict[str, Any]] | None:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return data, _parse_snapshot(data, version)
