@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["NodeCache", "PlanReader", "SnapshotDataset", "open_plan"]
+__all__ = ["NodeCache", "PlanReader", "SnapshotDataset", "StatefulLoader", "open_plan"]
 
 _LAZY = {
     "NodeCache": "loader.cache",
     "PlanReader": "loader.plan",
     "open_plan": "loader.plan",
     "SnapshotDataset": "loader.dataset",
+    "StatefulLoader": "loader.dataset",
 }
 
 

@@ -42,7 +42,14 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from catalog.errors import IntegrityError, InvalidInput
 from loader.cache import NodeCache
-from loader.decode import copy_into, decode_file, read_into, safetensors_specs, sniff_format
+from loader.decode import (
+    copy_into,
+    decode_file,
+    keep_frames,
+    read_frames_into,
+    safetensors_specs,
+    sniff_format,
+)
 from loader.plan import PlanReader, StepInfo, open_plan
 from loader.source import SnapshotSource, open_source
 
@@ -54,6 +61,7 @@ RESERVED_KEYS = frozenset(
 )
 
 _INDEX_COLUMNS = [
+    "num_frames",
     "clip_id",
     "stream",
     "object_sha256",
@@ -331,17 +339,25 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             src.fetch_range(obj, off, n, tmp)
 
         keys = list(rec["tensor_keys"])
+        frames = rec.get("num_frames")  # the bucket's: keep that many leading frames
         with cache.lease(member, n, fetch) as path:
             if rec["format"] == "safetensors":
                 # Header only, then each tensor's bytes straight into the batch: one copy.
                 with open(path, "rb") as f:
                     specs = safetensors_specs(f, keys, f"safetensors latent {member}")
-                    slots = buffer.slots(i, {k: (s.dtype, s.shape) for k, s in specs.items()})
+                    layout = {k: (s.dtype, keep_frames(s.shape, frames)) for k, s in specs.items()}
+                    slots = buffer.slots(i, layout)
                     if slots is not None:
                         for k, spec in specs.items():
-                            read_into(f, spec, slots[k])
+                            read_frames_into(f, spec, slots[k])
                         return None
             tensors = decode_file(path, rec["format"], keys, sha256=member)
+            tensors = {
+                k: t[:, :frames].contiguous()
+                if keep_frames(tuple(t.shape), frames) != t.shape
+                else t
+                for k, t in tensors.items()
+            }
             slots = buffer.slots(i, {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()})
             if slots is None:
                 return tensors

@@ -280,6 +280,41 @@ def read_into(f: BufferedReader, spec: TensorSpec, out: torch.Tensor) -> None:
         raise IntegrityError(f"short read: {got} of {spec.end - spec.start} bytes")
 
 
+def keep_frames(shape: tuple[int, ...], frames: int | None) -> tuple[int, ...]:
+    """The shape after keeping the first ``frames`` latent frames.
+
+    Latents are ``(C, T, H, W)``; a bucket holds clips with at least its frame count,
+    and the loader keeps the leading ``frames`` of axis 1 so that every sample of a step
+    has one shape. Tensors of another rank, or no longer than ``frames``, are unchanged.
+    """
+    if frames is None or len(shape) != 4 or shape[1] <= frames:
+        return shape
+    return (shape[0], frames, shape[2], shape[3])
+
+
+def read_frames_into(f: BufferedReader, spec: TensorSpec, out: torch.Tensor) -> None:
+    """:func:`read_into` for a ``(C, T, H, W)`` tensor cut to ``out``'s leading frames.
+
+    Reads each channel's first ``out.shape[1]`` frames (one contiguous run per channel)
+    straight into ``out``: still one copy.
+    """
+    if tuple(out.shape) == spec.shape:
+        read_into(f, spec, out)
+        return
+    c, t, h, w = spec.shape
+    if out.dtype != spec.dtype or tuple(out.shape) != (c, out.shape[1], h, w) or out.shape[1] > t:
+        raise InvalidInput(f"destination {out.dtype}{tuple(out.shape)} does not fit {spec}")
+    itemsize = torch.empty((), dtype=spec.dtype).element_size()
+    run = out.shape[1] * h * w * itemsize
+    stride = t * h * w * itemsize
+    dest = memoryview(_bytes_of(out))
+    for ch in range(c):
+        f.seek(spec.start + ch * stride)
+        got = f.readinto(dest[ch * run : (ch + 1) * run])
+        if got != run:
+            raise IntegrityError(f"short read: {got} of {run} bytes")
+
+
 def copy_into(out: torch.Tensor, src: torch.Tensor) -> None:
     """Copy ``src`` into ``out`` byte for byte, without a torch kernel (thread-friendly)."""
     if out.dtype != src.dtype or out.shape != src.shape:
