@@ -1,6 +1,20 @@
-"""``vidlake import …`` and ``vidlake export …``: TAR-shard training caches."""
+"""``vidlake import …`` and ``vidlake export …``: TAR-shard training caches.
+
+* ``vidlake import tar-shards SOURCE [--revision vNNNNNN]`` adopts a TAR-shard dataset
+  by reference (:mod:`catalog.interop.tar_import`); ``--verify`` then hashes every
+  referenced shard in full and quarantines the samples of any that fail.
+* ``vidlake import tar-shards-verify`` runs that full check alone.
+* ``vidlake export tar-shards --snapshot V --out DIR|s3://…`` writes a snapshot as
+  bucket-pure TAR shards with a manifest (:mod:`catalog.interop.tar_export`).
+
+All work on the embedded (or configured) catalog of ``vidlake config``; long work
+shows progress bars on stderr, ``--json`` prints the report for scripts.
+"""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
@@ -8,3 +22,123 @@ __all__ = ["export_app", "import_app"]
 
 import_app = typer.Typer(help="Adopt existing datasets by reference.", no_args_is_help=True)
 export_app = typer.Typer(help="Write snapshots in other formats.", no_args_is_help=True)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+
+
+def _helpers() -> Any:
+    # service.cli imports this module at load time; take its plumbing at call time.
+    from service import cli
+
+    return cli
+
+
+def _render_import(report: dict[str, Any]) -> None:
+    out = _helpers().out
+    out.print(
+        f"imported [bold]{report['imported']}[/bold] samples from {report['shards']} shards "
+        f"(revision {report['revision'] or 'unversioned'}): {report['duplicates']} already "
+        f"present, {report['excluded']} excluded, {report['eval']} eval, "
+        f"{report['quarantined']} quarantined"
+    )
+    out.print(
+        f"indexed by headers: {report['index_bytes_read']} of {report['shard_bytes']} bytes "
+        f"read ({report['index_read_fraction']:.4%}) in {report['index_requests']} requests"
+    )
+    if "verify" in report:
+        v = report["verify"]
+        out.print(f"verified {len(v['verified'])} shards; failed: {v['failed'] or 'none'}")
+
+
+@import_app.command("tar-shards")
+def import_tar_shards_cmd(
+    source: Annotated[str, typer.Argument(help="Directory, s3://bucket/prefix or http(s) URL.")],
+    revision: Annotated[
+        str | None, typer.Option(help="Pinned revision vNNNNNN (default: manifest.json).")
+    ] = None,
+    rung: Annotated[str, typer.Option(help="Rung of latents whose sidecar names none.")] = "256p",
+    tokenizer_version: Annotated[
+        str, typer.Option(help="Tokenizer of latents whose sidecar names none.")
+    ] = "imported",
+    source_tier: Annotated[
+        str, typer.Option(help="licensed | crawl | synthetic, where the sidecar says nothing.")
+    ] = "crawl",
+    caption_version: Annotated[
+        str, typer.Option(help="Version recorded for sidecar captions.")
+    ] = "import",
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Then hash every shard in full; quarantine failures.")
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Adopt a TAR-shard dataset without copying a byte (headers-only indexing)."""
+    from catalog.interop.tar_import import ImportOptions, import_tar_shards, verify_shards
+
+    cli = _helpers()
+    options = ImportOptions(
+        rung=rung,
+        tokenizer_version=tokenizer_version,
+        source_tier=source_tier,
+        caption_version=caption_version,
+    )
+    lake = cli._lake()
+    try:
+        with cli._progress(not as_json) as report:
+            result = import_tar_shards(
+                lake.catalog, source, revision=revision, options=options, progress=report
+            ).to_dict()
+            if verify:
+                result["verify"] = verify_shards(lake.catalog, progress=report)
+    finally:
+        lake.close()
+    cli._emit(result, as_json, _render_import)
+
+
+@import_app.command("tar-shards-verify")
+def verify_tar_shards_cmd(as_json: JsonOpt = False) -> None:
+    """Hash every referenced TAR shard in full; quarantine the samples of any that fail."""
+    from catalog.interop.tar_import import verify_shards
+
+    cli = _helpers()
+    lake = cli._lake()
+    try:
+        with cli._progress(not as_json) as report:
+            result = verify_shards(lake.catalog, progress=report)
+    finally:
+        lake.close()
+    cli._emit(result, as_json)
+
+
+@export_app.command("tar-shards")
+def export_tar_shards_cmd(
+    snapshot: Annotated[int, typer.Option("--snapshot", help="Snapshot version to export.")],
+    out: Annotated[str, typer.Option("--out", help="Empty directory or s3://bucket/prefix.")],
+    samples_per_shard: Annotated[int, typer.Option(help="Samples per TAR shard.")] = 64,
+    as_json: JsonOpt = False,
+) -> None:
+    """Write a snapshot as bucket-pure TAR shards in plan order, with a manifest."""
+    from catalog.interop.tar_export import export_tar_shards
+
+    cli = _helpers()
+    lake = cli._lake()
+    target = out if out.startswith("s3://") else str(Path(out).absolute())
+    try:
+        with cli._progress(not as_json) as report:
+            result = export_tar_shards(
+                lake.catalog,
+                lake.registry,
+                snapshot,
+                target,
+                samples_per_shard=samples_per_shard,
+                progress=report,
+            ).to_dict()
+    finally:
+        lake.close()
+    cli._emit(
+        result,
+        as_json,
+        lambda r: cli.out.print(
+            f"wrote {r['shards']} shards ({r['samples']} samples, {r['bytes']} latent bytes) "
+            f"and manifest.json to {r['out']}"
+        ),
+    )

@@ -1,0 +1,624 @@
+"""Adopt a TAR-shard latent dataset by reference: ``vidlake import tar-shards SOURCE``.
+
+The dataset is a directory, ``s3://`` prefix or HTTP(S) base URL holding TAR shards of
+ordered ``<sample_id>.pt`` + ``<sample_id>.json`` pairs and a manifest
+(``manifest.json``, or the immutable ``manifests/vNNNNNN.json`` of a pinned
+revision) in the format ``docs/interop.md`` describes::
+
+    {"revision": "v000002", "parent": "v000001",
+     "shards": [{"path": "train-000000.tar", "size": 1536000, "sha256": "…",
+                 "split": "train", "sample_ids": ["a1", …],
+                 "members": {"a1.pt": {"size": …, "sha256": "…"}, …}}],
+     "exclude_sample_ids": ["…"]}
+
+What the import does, and why:
+
+* Reads the manifest at the revision asked for, and only the shards it lists (no
+  listing, so an unlisted TAR is never opened).
+* Indexes each shard by its headers (:mod:`catalog.interop.tar_index`): member offsets
+  and lengths, plus the small sidecar ``.json`` members inline.
+* Registers each shard as an external object (:mod:`catalog.objects.refs`) under its
+  manifest SHA-256 and size: not a byte is copied.
+* **One asset per sample.** A shard is a packing unit, not provenance; governance
+  (takedown, quarantine, eval carve-out) acts per sample. ``asset_id`` is the
+  sidecar's ``asset_id`` when it is a SHA-256 (vidlake's own exports carry it), else
+  the declared SHA-256 of the sample's latent member. Each sample becomes an asset, a
+  clip (sidecar fields kept in ``clips.metadata``), a latent (``format`` from the
+  member suffix, offset, length, member SHA-256) and its captions and scores.
+* Samples of a non-``train`` shard (``val``, ``eval``, ``test``) become ``eval`` assets;
+  vidlake's own carve-out still applies to the rest. ``exclude_sample_ids`` are not
+  imported, and samples a later revision excludes are quarantined.
+* The job row records the manifest revision and SHA-256 as provenance. Ingest is
+  idempotent: re-importing a newer revision adds only its new samples (the rest are
+  reported as duplicates).
+
+Verification happens at read time: the loader checks each member's SHA-256 before
+``torch.load``; :func:`verify_shards` (and any whole-object download through a
+reference) checks a whole shard, and :func:`quarantine_failed` quarantines the samples
+of every shard that failed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow.compute as pc
+
+from catalog.errors import ChecksumMismatch, InvalidInput
+from catalog.hashing import is_sha256, sha256_bytes
+from catalog.interop.sources import RangeSource, open_range_source
+from catalog.interop.tar_index import TarIndex, index_tar
+from catalog.objects.refs import ObjectRef, RefStore, get_ref, list_failed, put_ref
+
+if TYPE_CHECKING:
+    from catalog.catalog import VidlakeCatalog
+
+__all__ = [
+    "ImportOptions",
+    "ImportReport",
+    "ShardEntry",
+    "SourceManifest",
+    "import_tar_shards",
+    "parse_manifest",
+    "quarantine_failed",
+    "verify_shards",
+]
+
+Progress = Callable[[str, float], None]
+
+_REVISION = re.compile(r"^v[0-9]{6}$")
+_SAMPLE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._@=+-]{0,254}$")
+#: Latent member suffixes, in the order they are looked for, and their formats.
+LATENT_SUFFIXES = {".pt": "pt", ".safetensors": "safetensors", ".npy": "npy"}
+TRAIN_SPLITS = ("train",)
+EVAL_SPLITS = ("val", "valid", "validation", "eval", "test")
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard as the manifest lists it."""
+
+    path: str
+    size: int
+    sha256: str
+    split: str
+    sample_ids: tuple[str, ...]
+    members: Mapping[str, Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class SourceManifest:
+    """A parsed source manifest (see the module docstring)."""
+
+    revision: str | None
+    parent: str | None
+    shards: tuple[ShardEntry, ...]
+    exclude_sample_ids: frozenset[str]
+    sha256: str
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    """Defaults for fields a sidecar does not carry.
+
+    Attributes:
+        rung: Resolution rung of the latents.
+        tokenizer_version: The VAE that made them.
+        source_tier: ``licensed | crawl | synthetic`` of the assets.
+        split_version: Scene-split version of the clips.
+        caption_version: Version of captions taken from the sidecars.
+        caption_kind: Kind of a sidecar's single ``caption`` string.
+        score_version: Version of sidecar scores given as bare numbers.
+        window: Bytes read at each uncovered TAR header.
+    """
+
+    rung: str = "256p"
+    tokenizer_version: str = "imported"
+    source_tier: str = "crawl"
+    split_version: str = "tar-import-v1"
+    caption_version: str = "import"
+    caption_kind: str = "dense"
+    score_version: str = "import"
+    window: int = 2048
+
+
+@dataclass
+class ImportReport:
+    """What an import did (``--json`` prints it)."""
+
+    source: str
+    revision: str | None
+    manifest_sha256: str
+    job_id: str
+    shards: int = 0
+    samples_listed: int = 0
+    excluded: int = 0
+    imported: int = 0
+    duplicates: int = 0
+    eval: int = 0
+    quarantined: int = 0
+    refs_created: int = 0
+    shard_bytes: int = 0
+    index_bytes_read: int = 0
+    index_requests: int = 0
+    ingest: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def index_read_fraction(self) -> float:
+        return self.index_bytes_read / self.shard_bytes if self.shard_bytes else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "index_read_fraction": self.index_read_fraction}
+
+
+def _bad(message: str, **details: Any) -> InvalidInput:
+    return InvalidInput(message, field="manifest", **details)
+
+
+def parse_manifest(data: bytes) -> SourceManifest:
+    """Parse and check a source manifest; InvalidInput names the first problem."""
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise _bad(f"manifest is not JSON: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("shards"), list):
+        raise _bad("manifest must be an object with a 'shards' list")
+    shards, seen, paths = [], set[str](), set[str]()
+    for i, s in enumerate(doc["shards"]):
+        where = f"shards[{i}]"
+        if not isinstance(s, dict):
+            raise _bad(f"{where} is not an object")
+        path, size, sha = s.get("path"), s.get("size"), s.get("sha256")
+        if not isinstance(path, str) or not path or path in paths:
+            raise _bad(f"{where}.path is missing or repeated", shard=path)
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise _bad(f"{where}.size must be the exact size in bytes", shard=path)
+        if not is_sha256(sha):
+            raise _bad(f"{where}.sha256 must be 64 lowercase hex", shard=path)
+        split = str(s.get("split", "train")).lower()
+        if split not in TRAIN_SPLITS + EVAL_SPLITS:
+            raise _bad(f"{where}.split {split!r} is not one of {TRAIN_SPLITS + EVAL_SPLITS}")
+        ids = s.get("sample_ids")
+        if not isinstance(ids, list) or not all(
+            isinstance(x, str) and _SAMPLE_ID.match(x) for x in ids
+        ):
+            raise _bad(f"{where}.sample_ids must be a list of sample ids", shard=path)
+        repeated = seen.intersection(ids)
+        if repeated or len(set(ids)) != len(ids):
+            raise _bad(f"{where}: sample ids listed twice: {sorted(repeated)[:5]}", shard=path)
+        seen.update(ids)
+        paths.add(path)
+        members = s.get("members") or {}
+        if not isinstance(members, dict):
+            raise _bad(f"{where}.members must be an object", shard=path)
+        shards.append(ShardEntry(path, size, str(sha), split, tuple(ids), members))
+    excl = doc.get("exclude_sample_ids") or []
+    if not isinstance(excl, list) or not all(isinstance(x, str) for x in excl):
+        raise _bad("exclude_sample_ids must be a list of strings")
+    revision = doc.get("revision")
+    rev = None if revision is None else _revision(revision)
+    parent = doc.get("parent")
+    return SourceManifest(
+        rev,
+        None if parent is None else _revision(parent),
+        tuple(shards),
+        frozenset(excl),
+        sha256_bytes(data),
+    )
+
+
+def _revision(value: Any) -> str:
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return f"v{value:06d}"
+    if isinstance(value, str) and _REVISION.match(value):
+        return value
+    raise _bad(f"revision {value!r} is not vNNNNNN")
+
+
+def read_manifest(src: RangeSource, revision: str | int | None) -> SourceManifest:
+    """The manifest at ``revision`` (``manifests/vNNNNNN.json``), else ``manifest.json``."""
+    if revision is None:
+        return parse_manifest(src.read("manifest.json"))
+    rev = _revision(revision)
+    manifest = parse_manifest(src.read(f"manifests/{rev}.json"))
+    if manifest.revision not in (None, rev):
+        raise _bad(f"manifests/{rev}.json says it is revision {manifest.revision}")
+    return manifest
+
+
+# -- samples ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Sample:
+    sample_id: str
+    shard: ShardEntry
+    name: str
+    fmt: str
+    offset: int
+    length: int
+    member_sha256: str
+    sidecar: dict[str, Any]
+
+
+def _samples_of(shard: ShardEntry, index: TarIndex) -> list[_Sample]:
+    """The manifest's samples of one indexed shard; InvalidInput names what is missing."""
+    by_name = {m.name: m for m in index.members}
+    out = []
+    for sid in shard.sample_ids:
+        found = [(sid + suf, fmt) for suf, fmt in LATENT_SUFFIXES.items() if sid + suf in by_name]
+        if not found:
+            raise _bad(f"{shard.path}: sample {sid!r} has no latent member", sample_id=sid)
+        name, fmt = found[0]
+        member = by_name[name]
+        raw = index.inline.get(sid + ".json")
+        sidecar: dict[str, Any] = {}
+        if raw is not None:
+            try:
+                loaded = json.loads(raw)
+            except ValueError as exc:
+                raise _bad(f"{shard.path}: {sid}.json is not JSON", sample_id=sid) from exc
+            if not isinstance(loaded, dict):
+                raise _bad(f"{shard.path}: {sid}.json is not an object", sample_id=sid)
+            sidecar = loaded
+        declared = dict(shard.members.get(name) or {})
+        sha = declared.get("sha256") or sidecar.get("sha256") or sidecar.get(f"{fmt}_sha256")
+        if not is_sha256(sha):
+            raise _bad(
+                f"{shard.path}: no SHA-256 for {name} in the manifest or sidecar", sample_id=sid
+            )
+        if "size" in declared and declared["size"] != member.size:
+            raise _bad(
+                f"{shard.path}: {name} holds {member.size} bytes, the manifest says "
+                f"{declared['size']}",
+                sample_id=sid,
+            )
+        out.append(_Sample(sid, shard, name, fmt, member.offset, member.size, str(sha), sidecar))
+    return out
+
+
+def _num(value: Any, kind: type, default: Any = None) -> Any:
+    if value is None or isinstance(value, bool):
+        return default
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _rows(
+    s: _Sample, manifest: SourceManifest, src: RangeSource, opts: ImportOptions, job: str
+) -> dict[str, Any]:
+    """Asset, clip, latent, caption and score rows of one sample."""
+    sc = s.sidecar
+    asset_id = sc["asset_id"] if is_sha256(sc.get("asset_id")) else s.member_sha256
+    shape = sc.get("shape")
+    shape = [int(x) for x in shape] if isinstance(shape, list) and shape else None
+    latent_frames = _num(sc.get("latent_frames"), int) or (
+        shape[1] if shape and len(shape) == 4 else None
+    )
+    fps = _num(sc.get("fps"), float)
+    num_frames = _num(sc.get("num_frames"), int) or latent_frames or 1
+    width = _num(sc.get("width"), int) or (shape[-1] if shape else None)
+    height = _num(sc.get("height"), int) or (shape[-2] if shape else None)
+    if not width or not height:
+        raise _bad(f"sample {s.sample_id}: the sidecar gives no width/height or shape")
+    t0 = _num(sc.get("t_start_s"), float, 0.0)
+    t1 = _num(sc.get("t_end_s"), float) or t0 + (num_frames / fps if fps else 1.0)
+    tokens = _num(sc.get("tokens"), int)
+    if tokens is None:
+        tokens = math.prod(shape[1:]) if shape else 0
+    keys = sc.get("tensor_keys") or ["latent"]
+    shard_url = src.url_of(s.shard.path)
+    meta = {
+        "sample_id": s.sample_id,
+        "shard": s.shard.path,
+        "shard_sha256": s.shard.sha256,
+        "revision": manifest.revision,
+        "sidecar": sc,
+    }
+    from catalog import rules
+
+    split_version = str(sc.get("split_version") or opts.split_version)
+    clip_id = rules.clip_id(asset_id, t0, t1, split_version)
+    asset = {
+        "asset_id": asset_id,
+        "uri": f"{shard_url}#{s.name}",
+        "size": s.length,
+        "source": str(sc.get("source") or src.base),
+        "source_tier": str(sc.get("source_tier") or opts.source_tier),
+        "license_id": sc.get("license_id"),
+        "territory": sc.get("territory"),
+        "provenance": json.dumps(
+            {"import": "tar-shards", "source": src.base, "revision": manifest.revision},
+            sort_keys=True,
+        ),
+        "split": "eval" if s.shard.split in EVAL_SPLITS else None,
+    }
+    clip = {
+        "clip_id": clip_id,
+        "asset_id": asset_id,
+        "t_start_s": t0,
+        "t_end_s": t1,
+        "split_version": split_version,
+        "fps": fps,
+        "num_frames": num_frames,
+        "width": width,
+        "height": height,
+        "aspect_bucket": sc.get("aspect_bucket"),
+        "job_id": job,
+        "metadata": json.dumps(meta, sort_keys=True, default=str),
+    }
+    latent = {
+        "clip_id": clip_id,
+        "rung": str(sc.get("rung") or opts.rung),
+        "tokenizer_version": str(sc.get("tokenizer_version") or opts.tokenizer_version),
+        "format": s.fmt,
+        "object_sha256": s.shard.sha256,
+        "object_size": s.shard.size,
+        "offset": s.offset,
+        "length": s.length,
+        "member_sha256": s.member_sha256,
+        "tensor_keys": [str(k) for k in keys],
+        "shapes": [shape] if shape and len(keys) == 1 else None,
+        "dtypes": [str(sc["dtype"])] if sc.get("dtype") and len(keys) == 1 else None,
+        "latent_frames": latent_frames,
+        "tokens": tokens,
+        "job_id": job,
+    }
+    captions = []
+    texts = sc.get("captions")
+    if isinstance(texts, dict):
+        pairs = [(str(k), v) for k, v in texts.items()]
+    else:
+        pairs = [(opts.caption_kind, sc.get("caption"))]
+    cap_version = str(sc.get("caption_version") or opts.caption_version)
+    for kind, text in pairs:
+        if isinstance(text, str) and text.strip():
+            captions.append(
+                {
+                    "clip_id": clip_id,
+                    "caption_version": cap_version,
+                    "kind": kind,
+                    "text": text,
+                    "job_id": job,
+                }
+            )
+    scores = []
+    for name, value in (sc.get("scores") or {}).items():
+        version, score = opts.score_version, value
+        if isinstance(value, dict):
+            version, score = str(value.get("version", version)), value.get("score")
+        if _num(score, float) is not None:
+            scores.append(
+                {
+                    "clip_id": clip_id,
+                    "filter_name": str(name),
+                    "filter_version": version,
+                    "score": float(score),
+                    "job_id": job,
+                }
+            )
+    return {"asset": asset, "clip": clip, "latent": latent, "captions": captions, "scores": scores}
+
+
+# -- the import ---------------------------------------------------------------------------
+def import_tar_shards(
+    catalog: VidlakeCatalog,
+    source: str | Path | RangeSource,
+    *,
+    revision: str | int | None = None,
+    options: ImportOptions | None = None,
+    progress: Progress | None = None,
+) -> ImportReport:
+    """Adopt the dataset at ``source`` (see the module docstring).
+
+    Args:
+        catalog: The catalog to import into (its object store holds the references).
+        source: Directory, ``s3://`` prefix, HTTP(S) base URL, or an open source.
+        revision: ``vNNNNNN`` (or int) to read ``manifests/vNNNNNN.json``; None reads
+            ``manifest.json``.
+        options: Defaults for fields the sidecars do not carry.
+        progress: Called with ``(stage, fraction)``: ``manifest``, ``index``, ``ingest``.
+
+    Raises:
+        InvalidInput: a malformed manifest, sidecar or shard (nothing is written).
+        IntegrityError: a corrupt TAR header (nothing is written).
+    """
+    opts = options or ImportOptions()
+    report_progress = progress or (lambda stage, fraction: None)
+    src = open_range_source(source)
+    report_progress("manifest", 0.0)
+    manifest = read_manifest(src, revision)
+    report_progress("manifest", 1.0)
+    job = f"tar-import-{manifest.sha256[:16]}"
+    report = ImportReport(src.base, manifest.revision, manifest.sha256, job)
+    report.shards = len(manifest.shards)
+    started = dt.datetime.now(dt.UTC)
+
+    # Index every listed shard first: a bad shard fails the import before any write.
+    samples: list[_Sample] = []
+    excluded: list[_Sample] = []
+    for i, shard in enumerate(manifest.shards):
+        index = index_tar(
+            functools.partial(src.read_range, shard.path),
+            shard.size,
+            window=opts.window,
+            what=shard.path,
+        )
+        report.shard_bytes += shard.size
+        report.index_bytes_read += index.bytes_read
+        report.index_requests += index.requests
+        for s in _samples_of(shard, index):
+            (excluded if s.sample_id in manifest.exclude_sample_ids else samples).append(s)
+        report_progress("index", (i + 1) / max(1, len(manifest.shards)))
+    report.samples_listed = len(samples) + len(excluded)
+    report.excluded = len(excluded)
+    rows = [_rows(s, manifest, src, opts, job) for s in samples]
+    gone = [_rows(s, manifest, src, opts, job)["asset"]["asset_id"] for s in excluded]
+
+    report_progress("ingest", 0.0)
+    store = catalog.objects
+    for shard in manifest.shards:
+        report.refs_created += put_ref(
+            store, ObjectRef(shard.sha256, shard.size, src.url_of(shard.path))
+        )
+    steps: list[tuple[str, Callable[[Any], Any], list[dict[str, Any]]]] = [
+        ("assets", catalog.add_assets, [r["asset"] for r in rows]),
+        ("clips", catalog.add_clips, [r["clip"] for r in rows]),
+        ("latents", catalog.add_latents, [r["latent"] for r in rows]),
+        ("captions", catalog.add_captions, [c for r in rows for c in r["captions"]]),
+        ("scores", catalog.add_scores, [c for r in rows for c in r["scores"]]),
+    ]
+    for k, (name, add, batch) in enumerate(steps):
+        if batch:
+            report.ingest[name] = add(batch).to_dict()
+        report_progress("ingest", (k + 1) / (len(steps) + 1))
+    latents = report.ingest.get("latents", {})
+    report.imported = int(latents.get("inserted", 0))
+    report.duplicates = int(latents.get("duplicates", 0))
+    report.eval = int(report.ingest.get("assets", {}).get("eval", 0))
+    report.quarantined = _quarantine(
+        catalog, gone, f"excluded by source manifest {manifest.revision}", job, {}
+    )
+    catalog.add_jobs(
+        [
+            {
+                "job_id": job,
+                "stage": "import",
+                "status": "succeeded",
+                "started_at": started,
+                "finished_at": dt.datetime.now(dt.UTC),
+                "counts": json.dumps(
+                    {k: v for k, v in report.to_dict().items() if isinstance(v, int)}
+                ),
+                "provenance": json.dumps(
+                    {
+                        "kind": "tar-shards",
+                        "source": src.base,
+                        "revision": manifest.revision,
+                        "parent_revision": manifest.parent,
+                        "manifest_sha256": manifest.sha256,
+                    },
+                    sort_keys=True,
+                ),
+            }
+        ]
+    )
+    report_progress("ingest", 1.0)
+    return report
+
+
+def _quarantine(
+    catalog: VidlakeCatalog,
+    asset_ids: Sequence[str],
+    reason: str,
+    job: str,
+    details: Mapping[str, Any],
+) -> int:
+    """Quarantine those of ``asset_ids`` that are in the catalog and not quarantined
+    already; return how many were newly quarantined."""
+    if not asset_ids:
+        return 0
+    from pyiceberg.expressions import In
+
+    have = catalog.scan(
+        "assets",
+        columns=["asset_id"],
+        row_filter=In(term="asset_id", literals=tuple(sorted(set(asset_ids)))),
+        include_eval=True,
+    )
+    ids = sorted(set(have["asset_id"].to_pylist()))
+    if ids:
+        # Already quarantined (and not released since): nothing to add, so repeating
+        # a verification or an import does not pile up events.
+        status = catalog.asset_status(include_eval=True)
+        held = set(
+            status.filter(pc.fill_null(status["quarantined"], False))["asset_id"].to_pylist()
+        )
+        ids = [a for a in ids if a not in held]
+    if ids:
+        catalog.add_asset_events(
+            [
+                {
+                    "asset_id": a,
+                    "event": "quarantined",
+                    "reason": reason,
+                    "details": json.dumps(dict(details), sort_keys=True),
+                    "actor": "vidlake import tar-shards",
+                    "job_id": job,
+                }
+                for a in ids
+            ]
+        )
+    return len(ids)
+
+
+def _assets_in(catalog: VidlakeCatalog, shard_shas: Sequence[str]) -> list[str]:
+    """Assets whose latents point into any of ``shard_shas``."""
+    from pyiceberg.expressions import In
+
+    lat = catalog.scan(
+        "latents",
+        columns=["clip_id"],
+        row_filter=In(term="object_sha256", literals=tuple(shard_shas)),
+        include_eval=True,
+    )
+    if lat.num_rows == 0:
+        return []
+    clips = catalog.scan("clips", columns=["clip_id", "asset_id"], include_eval=True)
+    mine = clips.filter(pc.is_in(clips["clip_id"], value_set=pc.unique(lat["clip_id"])))
+    return sorted(set(mine["asset_id"].to_pylist()))
+
+
+def quarantine_failed(catalog: VidlakeCatalog) -> dict[str, int]:
+    """Quarantine the samples of every referenced shard recorded as failing its full
+    SHA-256 check (:func:`catalog.objects.refs.list_failed`); return shard → assets."""
+    out: dict[str, int] = {}
+    for sha in list_failed(catalog.objects):
+        assets = _assets_in(catalog, [sha])
+        out[sha] = _quarantine(
+            catalog,
+            assets,
+            "TAR shard failed its full SHA-256 check",
+            f"tar-verify-{sha[:16]}",
+            {"shard_sha256": sha},
+        )
+    return out
+
+
+def verify_shards(
+    catalog: VidlakeCatalog,
+    shas: Sequence[str] | None = None,
+    *,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Hash whole referenced shards (streamed) and quarantine the samples of any that
+    fail. ``shas`` defaults to every object the catalog's latents reference.
+
+    Returns:
+        ``{"verified": [...], "failed": [...], "quarantined": {sha: assets}}``.
+    """
+    report = progress or (lambda stage, fraction: None)
+    store = catalog.objects
+    if shas is None:
+        lat = catalog.scan("latents", columns=["object_sha256"], include_eval=True)
+        shas = sorted(set(lat["object_sha256"].to_pylist()))
+    refs = RefStore(store)
+    ok, failed = [], []
+    todo = [s for s in shas if store.head(s) is None and get_ref(store, s) is not None]
+    for i, sha in enumerate(todo):
+        try:
+            refs.verify(sha)
+            ok.append(sha)
+        except ChecksumMismatch:
+            failed.append(sha)
+        report("verify", (i + 1) / max(1, len(todo)))
+    quarantined = quarantine_failed(catalog) if failed else {}
+    return {"verified": ok, "failed": failed, "quarantined": quarantined}
