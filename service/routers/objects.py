@@ -19,6 +19,7 @@ from fastapi.responses import StreamingResponse
 
 from catalog.errors import NotFound
 from catalog.objects import ObjectStore
+from catalog.objects.refs import RefStore
 from service.deps import Reader, Svc
 from service.errors import RangeNotSatisfiable
 from service.metrics import Metrics
@@ -138,7 +139,8 @@ def get_object(
     sha256: str = Path(pattern=SHA256_PATTERN, description="SHA-256 of the object"),
     range_header: str | None = Header(None, alias="Range"),
 ) -> StreamingResponse:
-    store = services.catalog.objects
+    # Adopted objects (TAR shards imported by reference) are served from where they live.
+    store = RefStore(services.catalog.objects)
     info = store.head(sha256)
     if info is None:
         raise NotFound(f"no object {sha256}", sha256=sha256)
