@@ -1,0 +1,191 @@
+"""Sealing: prove an inventory is entirely in the bucket, then record how to restore it.
+
+:func:`seal` refuses unless every inventory entry has a verified receipt for the same
+store, SHA-256 (where the inventory knows it), size and identity, and every object
+still answers ``HEAD`` with its size. It then copies the registry entries to their
+named keys in the bucket (create-only; an identical existing key is fine), and writes
+the *restore spec* — the catalog namespace's properties, every Iceberg table's
+metadata location and SHA-256, every catalog file, the registry entries, object counts
+and bytes — as a create-only named key, reads it back and checks its SHA-256. The
+small local ``restore_spec.json`` (bucket, prefix, key, size, SHA-256, ETag) is all a
+restore needs besides credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from catalog.errors import ChecksumMismatch, Conflict, InvalidInput, NotFound
+from catalog.hashing import sha256_bytes
+from catalog.objects.s3 import S3ObjectStore
+from manifests.registry import canonical_json
+from manifests.storage.inventory import Inventory
+from manifests.storage.receipts import Receipt, read_receipts
+
+__all__ = ["SPEC_FORMAT", "SPEC_PREFIX", "coverage_gaps", "seal", "write_json_atomic"]
+
+SPEC_FORMAT = 1
+SPEC_PREFIX = "restore-specs/"
+
+
+def coverage_gaps(
+    inventory: Inventory, receipts: dict[str, Receipt], store_url: str
+) -> list[dict[str, str]]:
+    """Entries without a verified receipt that matches them (empty: fully covered)."""
+    gaps: list[dict[str, str]] = []
+    for e in inventory.entries:
+        r = receipts.get(e.path)
+        why = None
+        if r is None:
+            why = "no receipt"
+        elif r.store != store_url:
+            why = f"receipt is for {r.store}"
+        elif e.sha256 is not None and r.sha256 != e.sha256:
+            why = "receipt SHA-256 differs"
+        elif r.size != e.size or r.identity != e.identity:
+            why = "receipt is for another version of the file"
+        if why:
+            gaps.append({"path": e.path, "kind": e.kind, "reason": why})
+    return gaps
+
+
+def seal(
+    inventory: Inventory,
+    receipts_path: str | Path,
+    store: S3ObjectStore,
+    out_dir: str | Path,
+) -> dict[str, Any]:
+    """Seal ``inventory`` in ``store``; return the local pointer (also written to
+    ``out_dir/restore_spec.json``).
+
+    Raises:
+        InvalidInput: coverage is incomplete (``exc.gaps``); nothing was written.
+        NotFound: a receipted object is gone from the bucket.
+        Conflict: a registry key in the bucket holds other bytes.
+        ChecksumMismatch: the spec read back is not what was written.
+    """
+    receipts = read_receipts(receipts_path)
+    gaps = coverage_gaps(inventory, receipts, store.url)
+    if gaps:
+        raise InvalidInput(
+            f"cannot seal: {len(gaps)} of {len(inventory.entries)} inventory entries lack a "
+            f"matching verified receipt (first: {gaps[0]['path']}: {gaps[0]['reason']})",
+            gaps=gaps,
+        )
+    mine = [receipts[e.path] for e in inventory.entries]
+    _check_present(store, mine)
+    header = inventory.header
+    by_path = {r.path: r for r in mine}
+    files = {"warehouse": [], "lance": []}  # type: dict[str, list[dict[str, Any]]]
+    registry: list[dict[str, Any]] = []
+    for e in inventory.entries:
+        r = by_path[e.path]
+        if e.kind in files:
+            files[e.kind].append({"name": e.name, "sha256": r.sha256, "size": r.size})
+        elif e.kind == "registry":
+            assert e.name is not None
+            registry.append({"key": e.name, "sha256": r.sha256, "size": r.size})
+            _put_same(store, e.name, store.get(r.sha256))
+    warehouse = header["warehouse"].rstrip("/") + "/"
+    by_name = {f["name"]: f for f in files["warehouse"]}
+    tables = {}
+    for table, location in header["tables"].items():
+        rel = location.removeprefix(warehouse)
+        if rel == location or rel not in by_name:
+            raise InvalidInput(
+                f"table {table}'s metadata {location} is not among the inventory's files",
+                table=table,
+            )
+        tables[table] = {"metadata_location": location, **by_name[rel]}
+    objects: dict[str, dict[str, int]] = {}
+    for e in inventory.entries:
+        c = objects.setdefault(e.kind, {"count": 0, "bytes": 0})
+        c["count"] += 1
+        c["bytes"] += e.size
+    now = datetime.now(UTC)
+    spec = {
+        "vidlake_restore_spec": SPEC_FORMAT,
+        "created_at": now.isoformat(),
+        "store": store.url,
+        "snapshot": header["snapshot"],
+        "namespace": header["namespace"],
+        "namespace_properties": header["namespace_properties"],
+        "source_warehouse": header["warehouse"],
+        "tables": tables,
+        "files": files,
+        "registry": registry,
+        "objects": objects,
+        "total": {"count": len(mine), "bytes": sum(r.size for r in mine)},
+    }
+    body = canonical_json(spec)
+    sha = sha256_bytes(body)
+    key = f"{SPEC_PREFIX}{now.strftime('%Y%m%dT%H%M%S%fZ')}-{sha[:16]}.json"
+    store.put_key(key, body)
+    back = store.get_key(key)
+    if back != body:
+        raise ChecksumMismatch(f"restore spec {key} read back differs", key=key, sha256=sha)
+    full_key = f"{store.prefix}/{key}" if store.prefix else key
+    head = store.client.head_object(Bucket=store.bucket, Key=full_key)
+    pointer = {
+        "bucket": store.bucket,
+        "prefix": store.prefix,
+        "key": key,
+        "size": len(body),
+        "sha256": sha,
+        "etag": str(head.get("ETag", "")).strip('"'),
+        "endpoint_url": store.endpoint_url,
+        "path_style": store.path_style,
+        "snapshot": header["snapshot"],
+        "created_at": spec["created_at"],
+    }
+    write_json_atomic(Path(out_dir) / "restore_spec.json", pointer)
+    return pointer
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    """Write JSON via a fsync'd temp file renamed into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _check_present(store: S3ObjectStore, receipts: list[Receipt]) -> None:
+    def head(r: Receipt) -> str | None:
+        info = store.head(r.sha256)
+        if info is None:
+            return f"{r.sha256} ({r.path}) is missing"
+        if info.size != r.size:
+            return f"{r.sha256} ({r.path}) has {info.size} bytes, not {r.size}"
+        return None
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        problems = [p for p in pool.map(head, receipts) if p]
+    if problems:
+        raise NotFound(
+            f"cannot seal: {len(problems)} receipted objects are not in the bucket: {problems[0]}",
+            problems=problems,
+        )
+
+
+def _put_same(store: S3ObjectStore, key: str, data: bytes) -> None:
+    """Create ``key``; an existing key must hold exactly ``data``."""
+    try:
+        store.put_key(key, data)
+    except Conflict:
+        try:
+            existing = store.get_key(key)
+        except NotFound:  # pragma: no cover - deleted between the two calls
+            store.put_key(key, data)
+            return
+        if existing != data:
+            raise Conflict(f"{key} in {store.url} holds other bytes", key=key) from None
