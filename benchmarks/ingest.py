@@ -2,22 +2,32 @@
 
 Appends ``--clips`` clips and three scores per clip (three filters) in ``--batch``-row
 batches into a fresh embedded catalog (SQLite + local warehouse in a temp dir), with
-every ingest rule on (clip ids computed, asset references, duplicate checks, one Iceberg
-commit per batch). The baseline writes the same rows, batch for batch, with
-``pyarrow.parquet.write_table`` in the same run. Prints one JSON line::
+every ingest rule on (every given clip id re-derived and checked, asset references,
+duplicate checks, one Iceberg commit per batch). The baseline writes the same rows,
+batch for batch, with ``pyarrow.parquet.write_table``, interleaved with the catalog's
+appends (batch i into the catalog, then batch i to Parquet) so that both sides see the
+same moments of a shared machine's load; ``--repeat`` runs it again and keeps the
+median ratio. Prints one JSON line::
 
     {"rows", "clips", "scores", "batch", "catalog_s", "parquet_s",
-     "catalog_rows_per_s", "parquet_rows_per_s", "ratio",
-     "bare_iceberg_s", "bare_iceberg_ratio"}
+     "catalog_rows_per_s", "parquet_rows_per_s", "ratio", "ratios",
+     "clip_id_s", "bare_iceberg_s", "bare_iceberg_ratio"}
 
-``ratio = catalog_rows_per_s / parquet_rows_per_s`` (goal ≥ 0.5). ``bare_iceberg_*``
-times pyiceberg appending the same rows, already conformed, with no checks: the floor
-any pyiceberg-based catalog pays, so that ``ratio`` can be read against it. What the
-time goes to (2 cores, 1M clips + 3M scores): pyiceberg's own append (Parquet write with
-column statistics, table-metadata deep copies, manifest, metadata JSON, SQL commit) is
-about 2-3x a bare ``write_table`` of the same batch; the catalog's checks add the
-clip-id hashing (one SHA-256 per clip in Python, ~0.7 µs each), vectorised validation and
-the digest-index lookups (O(batch log n), not O(table) per batch).
+``ratio = catalog_rows_per_s / parquet_rows_per_s`` (goal ≥ 0.5). ``clip_id_s`` is the
+time :func:`catalog.rules.clip_id` re-derivation alone takes over every clip batch
+(one SHA-256 per clip in Python, ~0.6 µs a clip with its text, more than the Parquet write of
+a clip batch): the part of ``catalog_s`` no storage trick removes. ``bare_iceberg_*``
+times pyiceberg's own ``Table.append`` of the same rows, already conformed, with no
+checks, in a phase of its own (noisier): the catalog writes its data files and commits
+its snapshots itself (``catalog/_append.py``), so it may beat that.
+
+Where the time goes (2 shared cores, 100k-row batches, CPU ms per batch, Nov 2026):
+a score batch costs ~35 against ~19 for ``write_table`` (our zstd write ~21, validation
+~4, commit: manifest, manifest list, metadata JSON and SQL ~8, table loads ~2); a clip
+batch ~135 CPU (~115 wall) against ~25: clip-id re-derivation ~55-70 while the data
+file (~25) is written in another thread, validation ~6, asset and duplicate look-ups
+~12, key-cache upkeep ~10, commit ~8. Without the clip-id hashing the ratio would be
+~0.45; with it, ~0.36-0.38.
 """
 
 from __future__ import annotations
@@ -90,11 +100,16 @@ def _score_batch(clip_id: pa.Array, filt: str, rng: np.random.Generator) -> pa.T
     )
 
 
+def _np(col: pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(col.to_numpy())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clips", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeat", type=int, default=1, help="runs; the median ratio is kept")
     args = parser.parse_args()
 
     rng = np.random.default_rng(args.seed)
@@ -118,22 +133,35 @@ def main() -> None:
     n_scores = sum(b.num_rows for b in score_batches)
 
     with tempfile.TemporaryDirectory(prefix="vidlake-bench-") as tmp:
-        cat = VidlakeCatalog.open(CatalogConfig.embedded(Path(tmp) / "catalog"))
-        cat.add_assets(assets)  # setup, untimed
-        t = time.perf_counter()
-        for b in clip_batches:
-            cat.add_clips(b)
-        for b in score_batches:
-            cat.add_scores(b)
-        catalog_s = time.perf_counter() - t
-        cat.close()
-
         out = Path(tmp) / "parquet"
         out.mkdir()
+        ratios, catalog_runs, parquet_runs = [], [], []
+        for run in range(args.repeat):
+            cat = VidlakeCatalog.open(CatalogConfig.embedded(Path(tmp) / f"catalog-{run}"))
+            cat.add_assets(assets)  # setup, untimed
+            # Batch by batch, the catalog's append then the bare write of the same rows:
+            # both sides see the same moments of a shared machine's load.
+            catalog_s = parquet_s = 0.0
+            work = [(cat.add_clips, b) for b in clip_batches]
+            work += [(cat.add_scores, b) for b in score_batches]
+            for i, (add, b) in enumerate(work):
+                t = time.perf_counter()
+                add(b)
+                catalog_s += time.perf_counter() - t
+                t = time.perf_counter()
+                pq.write_table(b, os.fspath(out / f"part-{run}-{i:05d}.parquet"))
+                parquet_s += time.perf_counter() - t
+            cat.close()
+            catalog_runs.append(catalog_s)
+            parquet_runs.append(parquet_s)
+            ratios.append(parquet_s / catalog_s)
+        pick = int(np.argsort(ratios)[len(ratios) // 2])  # the median run
+        catalog_s, parquet_s = catalog_runs[pick], parquet_runs[pick]
+
         t = time.perf_counter()
-        for i, b in enumerate([*clip_batches, *score_batches]):
-            pq.write_table(b, os.fspath(out / f"part-{i:05d}.parquet"))
-        parquet_s = time.perf_counter() - t
+        for b in clip_batches:
+            clip_ids(b["asset_id"], _np(b["t_start_s"]), _np(b["t_end_s"]), b["split_version"])
+        clip_id_s = time.perf_counter() - t
 
         # The floor: pyiceberg appending the same rows, already in table form, with no
         # checks at all (what the catalog's own work is measured against).
@@ -167,6 +195,8 @@ def main() -> None:
                 "catalog_rows_per_s": round(rows / catalog_s),
                 "parquet_rows_per_s": round(rows / parquet_s),
                 "ratio": round(parquet_s / catalog_s, 3),
+                "ratios": [round(r, 3) for r in ratios],
+                "clip_id_s": round(clip_id_s, 3),
                 "bare_iceberg_s": round(iceberg_s, 3),
                 "bare_iceberg_ratio": round(parquet_s / iceberg_s, 3),
             }

@@ -174,9 +174,23 @@ def clip_ids(
     offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[
         texts.offset : texts.offset + n + 1
     ].tolist()
+    # The one per-row Python step: raw digests joined into one buffer, then hex in
+    # numpy (no per-row str objects, no list-to-Arrow conversion).
     sha = hashlib.sha256
-    ids = [sha(raw[a:b]).hexdigest()[:32] for a, b in itertools.pairwise(offsets)]
-    return pa.array(ids, pa.large_string())
+    digests = b"".join([sha(raw[a:b]).digest() for a, b in itertools.pairwise(offsets)])
+    return _hex_prefix_strings(np.frombuffer(digests, dtype=np.uint8).reshape(n, 32)[:, :16])
+
+
+#: The two hex digits of each byte value, as one 2-byte unit (one gather per byte).
+_HEX_PAIRS = np.frombuffer(b"".join(f"{i:02x}".encode() for i in range(256)), dtype="V2")
+
+
+def _hex_prefix_strings(raw: NDArray[np.uint8]) -> pa.Array:
+    """Rows of bytes as lowercase hex strings (``large_string``), vectorised."""
+    n, width = raw.shape
+    text = np.ascontiguousarray(_HEX_PAIRS[raw])
+    offsets = np.arange(0, 2 * width * n + 1, 2 * width, dtype=np.int64)
+    return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text))
 
 
 def _large(text: str) -> pa.Scalar:
@@ -678,8 +692,17 @@ def hex_prefix64(ids: pa.Array | pa.ChunkedArray) -> NDArray[np.uint64]:
     n = len(arr)
     if n == 0:
         return np.zeros(0, dtype=np.uint64)
-    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + n]
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + n + 1]
     data = np.frombuffer(arr.buffers()[2], dtype=np.uint8)
+    width = int(offsets[1] - offsets[0])
+    if width >= 16 and (np.diff(offsets) == width).all():
+        # Equal widths (the usual batch of ids): a 2-D view, 16 digits packed into 8
+        # bytes read as one big-endian integer: ~6x faster than digit by digit.
+        grid = data[offsets[0] : offsets[-1]].reshape(n, width)[:, :16]
+        nibbles = _HEX_NIBBLE[grid]
+        packed = np.ascontiguousarray((nibbles[:, 0::2] << 4) | nibbles[:, 1::2])
+        return packed.view(">u8").reshape(n).astype(np.uint64)
+    offsets = offsets[:n]
     out = np.zeros(n, dtype=np.uint64)
     for k in range(16):  # one hex digit at a time keeps every temporary one column wide
         out = (out << np.uint64(4)) | _HEX_NIBBLE[data[offsets + k]].astype(np.uint64)
@@ -688,7 +711,9 @@ def hex_prefix64(ids: pa.Array | pa.ChunkedArray) -> NDArray[np.uint64]:
 
 def sorted_index(digests: NDArray[np.uint64]) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
     """``(sorted digests, row of each)``: a searchable index of ``digests``."""
-    order = np.argsort(digests, kind="stable").astype(np.int64)
+    # Not a stable sort: rows sharing a digest are all candidates anyway, and the
+    # default sort is ~6x faster on 64-bit keys.
+    order = np.argsort(digests).astype(np.int64)
     return digests[order], order
 
 
@@ -713,7 +738,7 @@ def digest_matches(
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
     # Sorted queries walk the index in order (cache-friendly); most find nothing, so
     # the right edge is only searched for the hits.
-    order = np.argsort(query, kind="stable")
+    order = np.argsort(query)
     q = query[order]
     left = np.searchsorted(keys, q, side="left")
     hit = np.flatnonzero(keys[np.minimum(left, len(keys) - 1)] == q)

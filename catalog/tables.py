@@ -153,7 +153,46 @@ def arrow_schema(schema: Schema) -> pa.Schema:
 
 # -- vectorised predicates (true or null = good row) -------------------------------------
 def _hex(col: str, n: int) -> Check:
-    return lambda t: pc.match_substring_regex(t[col], f"^[0-9a-f]{{{n}}}$")
+    def check(t: pa.Table) -> pa.ChunkedArray | pa.Array:
+        # A regex costs ~8 ms per 100k ids; checking the lengths and every byte with
+        # numpy costs ~1 ms. Only a batch that fails it pays for the regex, which then
+        # names the row (null rows count as good either way).
+        if _all_hex(t[col], n):
+            return pa.nulls(t.num_rows, pa.bool_()).fill_null(True)
+        return pc.match_substring_regex(t[col], f"^[0-9a-f]{{{n}}}$")
+
+    return check
+
+
+def _all_hex(values: pa.ChunkedArray | pa.Array, n: int) -> bool:
+    """Whether every non-null value is exactly ``n`` lowercase hex characters (False
+    may also mean "not sure": the caller then checks value by value)."""
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    for arr in chunks:
+        if len(arr) == 0:
+            continue
+        if not pa.types.is_string(arr.type) and not pa.types.is_large_string(arr.type):
+            return False
+        width = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+        offsets = np.frombuffer(arr.buffers()[1], dtype=width)
+        offsets = offsets[arr.offset : arr.offset + len(arr) + 1]
+        lengths = np.diff(offsets)
+        if arr.null_count:
+            lengths = lengths[np.asarray(arr.is_valid())]
+        if not (lengths == n).all():
+            return False
+        # Every byte between the first and last offset: null slots' bytes (normally
+        # none) must be hex too, else the exact check decides.
+        data = np.frombuffer(arr.buffers()[2], dtype=np.uint8)[offsets[0] : offsets[-1]]
+        # In cache-sized pieces: whole-column temporaries cost ~4x (page faults).
+        for start in range(0, len(data), _PIECE):
+            d = data[start : start + _PIECE]
+            if not (((d >= 48) & (d <= 57)) | ((d >= 97) & (d <= 102))).all():
+                return False
+    return True
+
+
+_PIECE = 1 << 16
 
 
 def _nonempty(col: str) -> Check:
