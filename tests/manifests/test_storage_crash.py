@@ -30,10 +30,11 @@ def test_sigkilled_uploads_resume_without_double_puts(
 ) -> None:
     rng = random.Random(6)
     files = []
-    for i in range(400):
-        p = tmp_path / "data" / f"{i:03d}.bin"
+    # Enough files that 22 short runs cannot finish the set even on an idle machine.
+    for i in range(1500):
+        p = tmp_path / "data" / f"{i:04d}.bin"
         p.parent.mkdir(exist_ok=True)
-        p.write_bytes(rng.randbytes(rng.randrange(1, 60_000)))
+        p.write_bytes(rng.randbytes(rng.randrange(1, 20_000)))
         files.append(p)
     entries = tuple(
         InventoryEntry.of("latent", p, hashlib.sha256(p.read_bytes()).hexdigest()) for p in files
@@ -60,7 +61,7 @@ def test_sigkilled_uploads_resume_without_double_puts(
         verified_before |= {r.key for r in read_receipts(receipts).values()}
         mark = len(s3_request_counter.requests)
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.05, 0.9))
+        time.sleep(rng.uniform(0.05, 0.6))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1
