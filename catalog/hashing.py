@@ -5,9 +5,8 @@ from __future__ import annotations
 import hashlib
 import re
 from pathlib import Path
-from typing import BinaryIO
 
-__all__ = ["CHUNK", "is_sha256", "require_sha256", "sha256_bytes", "sha256_file", "sha256_stream"]
+__all__ = ["CHUNK", "is_sha256", "require_sha256", "sha256_bytes", "sha256_file"]
 
 CHUNK = 8 * 1024 * 1024
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -31,17 +30,12 @@ def sha256_bytes(data: bytes | bytearray | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_stream(stream: BinaryIO) -> tuple[str, int]:
-    """Hash a binary stream to its end; return (hex digest, byte count)."""
-    h = hashlib.sha256()
-    n = 0
-    while chunk := stream.read(CHUNK):
-        h.update(chunk)
-        n += len(chunk)
-    return h.hexdigest(), n
-
-
 def sha256_file(path: str | Path) -> tuple[str, int]:
     """Hash a file; return (hex digest, size)."""
+    h = hashlib.sha256()
+    n = 0
     with open(path, "rb") as f:
-        return sha256_stream(f)
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+            n += len(chunk)
+    return h.hexdigest(), n

@@ -174,7 +174,7 @@ def _register_scans(
             col, values = filters[name]
             row_filter = In(term=col, literals=tuple(values)) if values else None
         if name == "scores" and not recipe.score_versions():
-            table = _empty(catalog, name, columns)
+            table = _empty(name, columns)
         else:
             table = catalog.scan(
                 name, pin=pin, columns=columns, row_filter=row_filter, include_eval=True
@@ -183,7 +183,7 @@ def _register_scans(
         report("scan", (i + 1) / len(_SCAN_COLUMNS))
 
 
-def _empty(catalog: VidlakeCatalog, name: str, columns: list[str]) -> pa.Table:
+def _empty(name: str, columns: list[str]) -> pa.Table:
     from catalog.tables import TABLES, arrow_schema
 
     schema = arrow_schema(TABLES[name].schema)

@@ -16,7 +16,6 @@ from service.settings import Settings
 
 if TYPE_CHECKING:
     from catalog.catalog import CatalogConfig, VidlakeCatalog
-    from catalog.embeddings import EmbeddingIndex
     from catalog.objects import ObjectStore
     from manifests.registry import Registry
 
@@ -78,11 +77,6 @@ class Lake:
         from manifests.registry import Registry
 
         return Registry(self.objects)
-
-    def embeddings(self, model_version: str) -> EmbeddingIndex:
-        from catalog.embeddings import EmbeddingIndex
-
-        return EmbeddingIndex(self.settings.resolved()["lance"], model_version)
 
     def close(self) -> None:
         if "catalog" in self.__dict__:
