@@ -31,7 +31,7 @@ import pyarrow.parquet as pq
 
 from catalog.errors import InvalidInput
 from loader.format import FORMAT_VERSION, INDEX_SCHEMA
-from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_permutation, write_plan
+from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
 from materializer.recipe import Recipe
 from materializer.select import Selection, check_pools, select
 
@@ -163,9 +163,9 @@ def build_artifacts(
 
 # -- stages ---------------------------------------------------------------------------
 def _scatter(samples: pa.Table, seed: int) -> pa.Table:
-    """Manifest order: a seeded permutation by sample id (independent of input order)."""
-    sample_ids = pc.binary_join_element_wise(samples["clip_id"], samples["rung"], "@")
-    order = scatter_permutation(sample_ids, seed)
+    """Manifest order: a seeded permutation of the canonical ``(rung, clip_id)`` order
+    that selection returns, so it depends only on the selected set and the seed."""
+    order = scatter_order(samples.num_rows, seed)
     out = samples.take(pa.array(order))
     return out.add_column(0, "row", pa.array(np.arange(out.num_rows, dtype=np.int64)))
 
@@ -267,11 +267,15 @@ def _lineage_table(plan_path: Path, num_rows: int) -> pa.Table:
             steps_parts.append(steps.astype(np.int64))
     rows = np.concatenate(rows_parts) if rows_parts else np.zeros(0, np.int64)
     steps = np.concatenate(steps_parts) if steps_parts else np.zeros(0, np.int64)
-    order = np.argsort(rows, kind="stable")  # steps stay ascending within a row
+    # One sort of unique (row, step) keys: rows ascending, steps ascending within a row
+    # (a plain sort of int64 is cheaper than a stable argsort plus a gather).
+    span = int(steps.max()) + 1 if len(steps) else 1
+    keys = rows * span + steps
+    keys.sort()
     counts = np.bincount(rows, minlength=num_rows)
     offsets = np.zeros(num_rows + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    values = pa.array(steps[order], pa.int64())
+    values = pa.array(keys % span, pa.int64())
     lists = pa.LargeListArray.from_arrays(pa.array(offsets), values)
     table = pa.table(
         {"row": pa.array(np.arange(num_rows, dtype=np.int64)), "steps": lists},

@@ -217,8 +217,11 @@ def _candidate_sql(recipe: Recipe) -> str:
         f"(filter_name = $score{i}_name AND filter_version = $score{i}_version)"
         for i in range(len(versions))
     )
+    # One pass over the scores: the latest row of each named (filter, version) per clip.
     score_cols = ", ".join(
-        f"max(score) FILTER (WHERE filter_name = '{n}') AS score_{n}" for n in versions
+        f"arg_max(score, computed_at) FILTER (WHERE filter_name = $score{i}_name "
+        f"AND filter_version = $score{i}_version) AS score_{n}"
+        for i, n in enumerate(versions)
     )
     score_view_cols = "".join(f", s.score_{n}" for n in versions)
     kinds_order = "list_position($kinds::VARCHAR[], kind)"
@@ -280,11 +283,10 @@ WITH
       PARTITION BY clip_id, rung ORDER BY ingested_at DESC, object_sha256, member_sha256
     ) = 1
   ),
-  sc AS (
-    SELECT clip_id, filter_name, arg_max(score, computed_at) AS score
-    FROM raw_scores WHERE {score_pairs or "FALSE"} GROUP BY clip_id, filter_name
+  s AS (
+    SELECT clip_id{", " + score_cols if score_cols else ""}
+    FROM raw_scores WHERE {score_pairs or "FALSE"} GROUP BY clip_id
   ),
-  s AS (SELECT clip_id{", " + score_cols if score_cols else ""} FROM sc GROUP BY clip_id),
   cap1 AS (
     SELECT clip_id, kind, arg_max(text, ingested_at) AS text,
            arg_max(text_embedding_sha256, ingested_at) AS emb, {kinds_order} AS pos
@@ -324,7 +326,6 @@ SELECT base.*, NULL::VARCHAR AS tier, NULL::INTEGER AS stream FROM base
 WHERE drop_reason IS NOT NULL
 UNION ALL BY NAME
 SELECT *, CASE {stream_case} ELSE NULL END AS stream FROM tiered
-ORDER BY rung, clip_id
 """
 
 
