@@ -33,7 +33,7 @@ from catalog.errors import InvalidInput
 from loader.format import FORMAT_VERSION, INDEX_SCHEMA
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
 from materializer.recipe import Recipe
-from materializer.select import Selection, check_pools, select
+from materializer.select import Selection, check_pools, phase_mask, select
 
 if TYPE_CHECKING:
     from catalog.catalog import Pin, VidlakeCatalog
@@ -175,12 +175,7 @@ def _phase_specs(recipe: Recipe, samples: pa.Table) -> list[PhaseSpec]:
     keys = recipe.buckets.bucket_keys()
     specs = []
     for i, phase in enumerate(recipe.phases):
-        mask = pc.equal(samples["rung"], phase.rung)
-        if phase.tiers is not None:
-            mask = pc.and_(mask, pc.is_in(samples["tier"], pa.array(list(phase.tiers))))
-        weighted = [names.index(n) for n in phase.weights]
-        mask = pc.and_(mask, pc.is_in(samples["stream"], pa.array(weighted, pa.int32())))
-        part = samples.filter(mask)
+        part = samples.filter(phase_mask(recipe, i, samples))
         pool = Pool(
             row=part["row"].to_numpy(),
             stream=part["stream"].to_numpy(),
@@ -205,14 +200,13 @@ def _index_table(recipe: Recipe, samples: pa.Table) -> pa.Table:
     """The loader's columns. ``num_frames`` is the bucket's latent frame count: the
     loader keeps that many leading frames (axis 1 of a ``(C, T, H, W)`` latent), so
     every sample of a step has one shape."""
-    n = samples.num_rows
     frames = np.repeat(
         np.asarray(recipe.buckets.latent_frames, dtype=np.int32),
         len(recipe.buckets.aspect_ratios),
     )
-    empty_lists = pa.array([[]] * n, pa.list_(pa.string())) if n else None
-    captions = samples["captions"]
-    embeddings = samples["text_embedding_sha256"]
+    no_strings = pa.scalar([], pa.list_(pa.string()))
+    captions = pc.fill_null(samples["captions"], no_strings)
+    embeddings = pc.fill_null(samples["text_embedding_sha256"], no_strings)
     columns: dict[str, Any] = {
         "row": samples["row"],
         "clip_id": samples["clip_id"],
@@ -227,8 +221,8 @@ def _index_table(recipe: Recipe, samples: pa.Table) -> pa.Table:
         "member_sha256": samples["member_sha256"],
         "format": samples["format"],
         "tensor_keys": samples["tensor_keys"],
-        "captions": pc.fill_null(captions, empty_lists) if n else captions,
-        "text_embedding_sha256": pc.fill_null(embeddings, empty_lists) if n else embeddings,
+        "captions": captions,
+        "text_embedding_sha256": embeddings,
     }
     table = pa.table({k: columns[k] for k in INDEX_SCHEMA.names})
     return table.cast(INDEX_SCHEMA).combine_chunks()
@@ -243,12 +237,9 @@ def _manifest_table(recipe: Recipe, samples: pa.Table) -> pa.Table:
     bucket_keys = pc.take(pa.array(list(keys), pa.string()), samples["bucket"])
     table = samples.append_column("stream_name", stream_names)
     table = table.append_column("bucket_key", bucket_keys)
-    table = table.append_column(
-        "score_versions", pa.array([versions] * samples.num_rows, pa.string())
-    )
-    table = table.append_column(
-        "caption_version", pa.array([recipe.captions.version] * samples.num_rows, pa.string())
-    )
+    n = samples.num_rows
+    table = table.append_column("score_versions", pa.repeat(pa.scalar(versions), n))
+    table = table.append_column("caption_version", pa.repeat(pa.scalar(recipe.captions.version), n))
     return table.combine_chunks()
 
 

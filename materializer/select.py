@@ -20,7 +20,7 @@ so that the result does not depend on scan or thread order.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -36,24 +36,7 @@ from materializer.recipe import Recipe
 if TYPE_CHECKING:
     from catalog.catalog import Pin, VidlakeCatalog
 
-__all__ = ["DROP_ORDER", "Selection", "select"]
-
-DROP_ORDER = (
-    "eval",
-    "tombstoned",
-    "quarantined",
-    "duplicate_asset",
-    "eval_duplicate_asset",
-    "no_latent",
-    "missing_score",
-    "filter",
-    "no_caption",
-    "no_bucket",
-    "no_stream",
-    "eval_near_duplicate",
-    "semantic_dedup",
-    "not_in_any_phase",
-)
+__all__ = ["Selection", "check_pools", "phase_mask", "select"]
 
 Progress = Callable[[str, float], None]
 
@@ -74,7 +57,6 @@ class Selection:
     drops: dict[str, int]
     candidates: int
     stream_names: list[str]
-    details: dict[str, Any] = field(default_factory=dict)
 
 
 def select(
@@ -400,17 +382,27 @@ def _scores(clips: pa.Table, col: str, higher_is_better: bool) -> NDArray[np.flo
     return values if higher_is_better else -values
 
 
+def phase_mask(
+    recipe: Recipe, phase_index: int, samples: pa.Table, *, weighted_only: bool = True
+) -> pa.ChunkedArray:
+    """Samples phase ``phase_index`` may draw: its rung, its tier gate and (unless
+    ``weighted_only`` is false) a stream it gives weight to."""
+    phase = recipe.phases[phase_index]
+    mask = pc.equal(samples["rung"], phase.rung)
+    if phase.tiers is not None:
+        mask = pc.and_(mask, pc.is_in(samples["tier"], pa.array(list(phase.tiers))))
+    if weighted_only:
+        names = [s.name for s in recipe.streams]
+        streams = pa.array([names.index(n) for n in phase.weights], pa.int32())
+        mask = pc.and_(mask, pc.is_in(samples["stream"], streams))
+    return mask
+
+
 def _phase_gate(recipe: Recipe, table: pa.Table, drops: dict[str, int]) -> pa.Table:
     """Drop samples no phase can draw: tier gated out, or stream without weight."""
-    names = [s.name for s in recipe.streams]
     keep = pa.array(np.zeros(table.num_rows, dtype=bool))
-    for phase in recipe.phases:
-        mask = pc.equal(table["rung"], phase.rung)
-        if phase.tiers is not None:
-            mask = pc.and_(mask, pc.is_in(table["tier"], pa.array(list(phase.tiers))))
-        streams = [names.index(n) for n in phase.weights]
-        mask = pc.and_(mask, pc.is_in(table["stream"], pa.array(streams, pa.int32())))
-        keep = pc.or_(keep, mask)
+    for i in range(len(recipe.phases)):
+        keep = pc.or_(keep, phase_mask(recipe, i, table))
     return _drop_where(table, pc.invert(keep), "not_in_any_phase", drops)
 
 
@@ -418,9 +410,7 @@ def check_pools(recipe: Recipe, samples: pa.Table) -> None:
     """Every weighted stream of every phase must have samples, else the plan is undefined."""
     names = [s.name for s in recipe.streams]
     for i, phase in enumerate(recipe.phases):
-        mask = pc.equal(samples["rung"], phase.rung)
-        if phase.tiers is not None:
-            mask = pc.and_(mask, pc.is_in(samples["tier"], pa.array(list(phase.tiers))))
+        mask = phase_mask(recipe, i, samples, weighted_only=False)
         present = set(pc.unique(samples.filter(mask)["stream"]).to_pylist())
         missing = [n for n in phase.weights if names.index(n) not in present]
         if missing:

@@ -220,8 +220,8 @@ def _train_rank(
         start_step=start,
         end_step=stop,
     )
-    log = open(Path(workdir) / f"rank{rank}-of-{world}.jsonl", "a")  # noqa: SIM115
-    with ds:
+    log_path = Path(workdir) / f"rank{rank}-of-{world}.jsonl"
+    with ds, open(log_path, "a") as log:
         for batch in ds:
             x = batch["latent"].float().mean(dim=(2, 3, 4))  # (b, 16) channel means
             loss = torch.nn.functional.mse_loss(model(x), x)
