@@ -92,6 +92,7 @@ def run_demo(settings: Settings, *, assets: int = 1500) -> dict[str, Any]:
 
 # -- 1. corpus ---------------------------------------------------------------------------------
 def _corpus(lake: Any, home: Path, assets: int) -> dict[str, Any]:
+    from catalog.errors import Conflict
     from catalog.synthetic import generate_corpus
 
     console.rule("[bold]1. synthetic corpus")
@@ -114,10 +115,18 @@ def _corpus(lake: Any, home: Path, assets: int) -> dict[str, Any]:
                 tasks[stage] = bars.add_task(stage, total=max(total, 1))
             bars.update(tasks[stage], completed=done, total=max(total, 1))
 
-        result = generate_corpus(lake.catalog, assets=assets, seed=0, progress=progress)
+        try:
+            result = generate_corpus(lake.catalog, assets=assets, seed=0, progress=progress)
+        except Conflict as exc:
+            raise SystemExit(
+                f"{home} holds part of a demo corpus from an interrupted run ({exc.message}); "
+                "run `make clean` (it removes ./.vidlake) and `make demo` again"
+            ) from exc
     keys = ("assets", "clips", "latents", "scores", "captions", "eval_assets", "latent_bytes")
     summary = {key: getattr(result, key) for key in keys}
-    marker.write_text(json.dumps(summary, indent=2))
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(marker)  # the marker appears only once the corpus is complete
     table = Table("table", "rows")
     for key in ("assets", "clips", "latents", "scores", "captions", "eval_assets"):
         table.add_row(key, str(summary[key]))
