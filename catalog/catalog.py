@@ -28,8 +28,9 @@ Ingest (``add_*``) takes a ``pyarrow.Table`` or a list of dicts, checks every ro
 * ``scores`` and ``captions`` carry a version; ``jobs`` a job id and a stage. These are
   append-only facts: readers take the latest (``latest_scores``, ``latest_captions``).
 
-Reads go through a :class:`Pin` (table → Iceberg snapshot id), so that a snapshot cut
-sees one consistent state and can be replayed months later. Eval rows are left out
+Reads go through a :class:`~catalog.pins.Pin` (table → Iceberg snapshot id, plus the
+LanceDB version of each embedding model a cut reads), so that a snapshot cut sees one
+consistent state and can be replayed months later. Eval rows are left out
 unless ``include_eval=True``.
 
 Appends go through :func:`catalog._append.append`: the catalog writes the Parquet data
@@ -90,6 +91,7 @@ from catalog.errors import (
 )
 from catalog.objects import ObjectStore, open_store
 from catalog.objects.refs import resolve_head
+from catalog.pins import Pin
 from catalog.tables import TABLE_NAMES, TABLES, arrow_schema, coerce_batch, conform, ensure_table
 
 if TYPE_CHECKING:
@@ -196,52 +198,6 @@ class CatalogConfig(BaseModel):
         return rules.NearDupRule(
             self.near_dup_hamming, self.near_dup_min_frames, self.near_dup_window
         )
-
-
-class Pin(Mapping[str, int | None]):
-    """A frozen catalog state: table name → Iceberg snapshot id (None: empty table)."""
-
-    __slots__ = ("_ids",)
-    _ids: dict[str, int | None]
-
-    def __init__(self, snapshot_ids: Mapping[str, int | None]) -> None:
-        unknown = set(snapshot_ids) - set(TABLE_NAMES)
-        if unknown:
-            raise InvalidInput(f"unknown tables in pin: {sorted(unknown)}", field="pin")
-        for name, sid in snapshot_ids.items():
-            if sid is not None and (not isinstance(sid, int) or isinstance(sid, bool)):
-                raise InvalidInput(f"snapshot id of {name!r} must be an int or None", field=name)
-        object.__setattr__(self, "_ids", {n: snapshot_ids.get(n) for n in TABLE_NAMES})
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("Pin is immutable")
-
-    def __getitem__(self, table: str) -> int | None:
-        return self._ids[table]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._ids)
-
-    def __len__(self) -> int:
-        return len(self._ids)
-
-    def __hash__(self) -> int:
-        return hash(tuple(self._ids.items()))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Pin) and self._ids == other._ids
-
-    def __repr__(self) -> str:
-        return f"Pin({self._ids!r})"
-
-    def to_dict(self) -> dict[str, int | None]:
-        """JSON-ready ``{table: snapshot_id}``."""
-        return dict(self._ids)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Pin:
-        """Inverse of :meth:`to_dict` (tables missing from ``data`` are empty)."""
-        return cls(data)
 
 
 @dataclass(frozen=True)
@@ -414,11 +370,12 @@ class VidlakeCatalog:
             )
         return self._objects
 
-    def embeddings(self, model_version: str) -> EmbeddingIndex:
-        """The LanceDB embedding table of ``model_version`` (``catalog.embeddings``)."""
+    def embeddings(self, model_version: str, version: int | None = None) -> EmbeddingIndex:
+        """The LanceDB embedding table of ``model_version`` (``catalog.embeddings``),
+        read at LanceDB table ``version`` when given (a pin's), else at the latest."""
         from catalog.embeddings import EmbeddingIndex
 
-        return EmbeddingIndex(self.config.lance, model_version)
+        return EmbeddingIndex(self.config.lance, model_version, version=version)
 
     def iceberg_table(self, name: str) -> Table:
         """The pyiceberg table (fresh metadata), for maintenance and interop."""
@@ -885,9 +842,19 @@ class VidlakeCatalog:
                 del self._cache[name]
 
     # -- reads ------------------------------------------------------------------------
-    def pin(self) -> Pin:
-        """The current snapshot id of every table: a consistent state to read at."""
-        return Pin({name: _snapshot_id(self._load(name)) for name in TABLE_NAMES})
+    def pin(self, embeddings: Sequence[str] = ()) -> Pin:
+        """The current snapshot id of every table: a consistent state to read at.
+
+        Args:
+            embeddings: Embedding model versions whose current LanceDB table version
+                the pin also records (None for a model without a table).
+        """
+        pin = Pin({name: _snapshot_id(self._load(name)) for name in TABLE_NAMES})
+        if not embeddings:
+            return pin
+        from catalog.embeddings import current_versions
+
+        return pin.with_embeddings(current_versions(self.config.lance, embeddings))
 
     def scan(
         self,

@@ -23,6 +23,14 @@ Two kinds of reads:
 
 :class:`EmbeddingIndex` opens its connection lazily and pickles as its address, so
 it can be handed to worker processes.
+
+Versions: every LanceDB write makes a new table version. An index built with
+``version=N`` reads exactly version ``N`` (``table.checkout``) and refuses writes; a
+catalog :class:`~catalog.pins.Pin` records that number for each model a cut reads
+(:func:`current_versions`), so a pinned re-cut reads the same vectors however many
+embeddings were added since. Each table records its model version in its schema
+metadata (``vidlake.model_version``), so :func:`list_models` can name the models a
+LanceDB directory holds.
 """
 
 from __future__ import annotations
@@ -40,9 +48,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from catalog.errors import InvalidBatch, InvalidInput, NotInstalled
+from catalog.errors import InvalidBatch, InvalidInput, NotFound, NotInstalled
 
-__all__ = ["SPLITS", "AddResult", "EmbeddingIndex", "pairs_within_vectors", "table_name_for"]
+__all__ = [
+    "SPLITS",
+    "AddResult",
+    "EmbeddingIndex",
+    "current_versions",
+    "list_models",
+    "pairs_within_vectors",
+    "table_name_for",
+]
 
 SPLITS = ("train", "eval")
 PAIRS_SCHEMA = pa.schema(
@@ -52,6 +68,7 @@ PAIRS_SCHEMA = pa.schema(
         pa.field("distance", pa.float32(), nullable=False),
     ]
 )
+MODEL_METADATA_KEY = b"vidlake.model_version"
 _IN_FILTER_MAX = 1024  # above this many ids a scan + is_in beats a giant SQL IN list
 _BLOCK = 2048
 
@@ -85,28 +102,61 @@ class EmbeddingIndex:
     Args:
         uri_or_dir: A LanceDB directory or URI (``s3://…`` works as LanceDB allows).
         model_version: The embedding model version; names the table.
+        version: Read exactly this LanceDB table version (a pin's); None reads the
+            latest and allows writes.
     """
 
-    def __init__(self, uri_or_dir: str | os.PathLike[str], model_version: str) -> None:
+    def __init__(
+        self, uri_or_dir: str | os.PathLike[str], model_version: str, version: int | None = None
+    ) -> None:
+        if version is not None and (
+            isinstance(version, bool) or not isinstance(version, int) or version < 1
+        ):
+            raise InvalidInput(
+                f"a LanceDB table version is an integer >= 1, got {version!r}", field="version"
+            )
         self.uri = os.fspath(uri_or_dir)
         self.model_version = model_version
+        self.pinned_version = version
         self.table_name = table_name_for(model_version)
         self._db: Any = None
         self._table: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Connections hold native handles; a worker reconnects on first use.
-        return {"uri": self.uri, "model_version": self.model_version}
+        return {
+            "uri": self.uri,
+            "model_version": self.model_version,
+            "version": self.pinned_version,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.uri = state["uri"]
         self.model_version = state["model_version"]
+        self.pinned_version = state.get("version")
         self.table_name = table_name_for(self.model_version)
         self._db = None
         self._table = None
 
     def __repr__(self) -> str:
-        return f"EmbeddingIndex({self.uri!r}, {self.model_version!r})"
+        at = "" if self.pinned_version is None else f", version={self.pinned_version}"
+        return f"EmbeddingIndex({self.uri!r}, {self.model_version!r}{at})"
+
+    def at(self, version: int | None) -> EmbeddingIndex:
+        """The same table read at LanceDB ``version`` (None: the latest)."""
+        return EmbeddingIndex(self.uri, self.model_version, version=version)
+
+    @property
+    def version(self) -> int | None:
+        """The table version this index reads: the pinned one, else the current
+        latest (None while the table does not exist)."""
+        if self.pinned_version is not None:
+            self._open()  # NotFound when that version does not exist
+            return self.pinned_version
+        table = self._open()
+        if table is None:
+            return None
+        return int(table.version)  # the connection re-reads the latest on every access
 
     # -- writes -------------------------------------------------------------------
 
@@ -129,6 +179,11 @@ class EmbeddingIndex:
         Raises:
             InvalidBatch: A bad row (``row``, ``field``); nothing is written.
         """
+        if self.pinned_version is not None:
+            raise InvalidInput(
+                f"{self!r} reads a pinned version; write through an unpinned index",
+                field="version",
+            )
         ids, assets, split_arr, unit = _check_batch(clip_ids, asset_ids, splits, vectors)
         n = len(ids)
         if n == 0:
@@ -168,6 +223,17 @@ class EmbeddingIndex:
         if split is None:
             return int(table.count_rows())
         return int(table.count_rows(_split_filter(split)))
+
+    def clip_ids(self, split: str | None = None) -> pa.Array:
+        """Every clip id in the table (of one split when given), as one string array."""
+        table = self._open()
+        if table is None:
+            return pa.array([], pa.string())
+        query = table.search(None).select(["clip_id"])
+        if split is not None:
+            query = query.where(_split_filter(split))
+        column = query.to_arrow()["clip_id"]
+        return pa.concat_arrays([pa.array([], pa.string()), *column.cast(pa.string()).chunks])
 
     @property
     def dim(self) -> int | None:
@@ -285,10 +351,20 @@ class EmbeddingIndex:
         if self._table is None:
             db = self._connect()
             if self.table_name in db:
-                self._table = db.open_table(self.table_name)
+                table = db.open_table(self.table_name)
+                if self.pinned_version is not None:
+                    _checkout(table, self.model_version, self.pinned_version)
+                self._table = table
+            elif self.pinned_version is not None:
+                raise NotFound(
+                    f"embedding model {self.model_version!r} has no LanceDB table, so no "
+                    f"version {self.pinned_version}",
+                    model_version=self.model_version,
+                    version=self.pinned_version,
+                )
             elif create_dim is not None:
                 self._table = db.create_table(
-                    self.table_name, schema=_schema(create_dim), exist_ok=True
+                    self.table_name, schema=_schema(create_dim, self.model_version), exist_ok=True
                 )
         return self._table
 
@@ -399,15 +475,73 @@ def pairs_within_vectors(
     )
 
 
-def _schema(dim: int) -> pa.Schema:
+def _schema(dim: int, model_version: str | None = None) -> pa.Schema:
+    metadata = None if model_version is None else {MODEL_METADATA_KEY: model_version.encode()}
     return pa.schema(
         [
             pa.field("clip_id", pa.string(), nullable=False),
             pa.field("asset_id", pa.string(), nullable=False),
             pa.field("split", pa.string(), nullable=False),
             pa.field("vector", pa.list_(pa.float32(), dim), nullable=False),
-        ]
+        ],
+        metadata=metadata,
     )
+
+
+def _checkout(table: Any, model_version: str, version: int) -> None:
+    """Put ``table`` at ``version``, or say which versions exist."""
+    try:
+        table.checkout(version)
+    except (ValueError, OSError, RuntimeError) as exc:
+        versions = [int(v["version"]) for v in table.list_versions()]
+        have = f"{min(versions)}..{max(versions)}" if versions else "none"
+        raise NotFound(
+            f"embedding model {model_version!r} has no LanceDB version {version} "
+            f"(versions {have}; cleaned up?)",
+            model_version=model_version,
+            version=version,
+            versions=have,
+        ) from exc
+
+
+def _connect(uri: str) -> Any:
+    return EmbeddingIndex(uri, "v")._connect()
+
+
+def _table_names(db: Any) -> list[str]:
+    names: list[str] = []
+    token = None
+    while True:
+        page = db.list_tables(page_token=token)
+        names.extend(page.tables)
+        token = page.page_token
+        if not token:
+            return sorted(names)
+
+
+def current_versions(
+    uri_or_dir: str | os.PathLike[str], model_versions: Sequence[str]
+) -> dict[str, int | None]:
+    """The latest LanceDB table version of each model (None: no table yet)."""
+    uri = os.fspath(uri_or_dir)
+    return {m: EmbeddingIndex(uri, m).version for m in sorted(set(model_versions))}
+
+
+def list_models(uri_or_dir: str | os.PathLike[str]) -> list[str]:
+    """The embedding model versions with a table under ``uri_or_dir``, sorted.
+
+    A table written before tables recorded their model (no ``vidlake.model_version``
+    in its schema metadata) is listed by its table name.
+    """
+    db = _connect(os.fspath(uri_or_dir))
+    models = []
+    for name in _table_names(db):
+        if not name.startswith("emb_"):
+            continue
+        metadata = db.open_table(name).schema.metadata or {}
+        raw = metadata.get(MODEL_METADATA_KEY)
+        models.append(raw.decode("utf-8") if raw else name)
+    return sorted(models)
 
 
 def _rows(vectors: NDArray[np.floating[Any]], n: int, field: str) -> NDArray[np.float64]:

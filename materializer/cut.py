@@ -4,10 +4,18 @@ Stages (each reported through ``progress(stage, fraction)``): ``pin``, ``scan``,
 ``join``, ``embeddings`` (in :func:`materializer.select.select`), ``scatter``,
 ``plan``, ``index``, ``manifest``, ``lineage``, ``publish``.
 
+The ``pin`` stage resolves the pin (Iceberg snapshot ids and the LanceDB version of
+every embedding model the recipe reads) and checks the recipe against the catalog
+there (:func:`materializer.validate.check_recipe`): a typo'd model, filter, caption
+version, rung or tokenizer, or too little eval embedding coverage, stops the cut
+before any work.
+
 The data artifacts (``manifest.parquet``, ``plan.arrow``, ``index.arrow``,
 ``lineage.arrow``) are pure functions of (recipe, pin, seed, code version): cutting the
 same recipe at the same pin twice gives byte-identical files. ``snapshot.json`` differs
-only in ``version`` and ``parent``.
+only in ``version`` and ``parent``; it records the full pin (``catalog_snapshot_ids``,
+embedding versions under ``embeddings/<model>``) and ``decontamination`` (model,
+version, eval clips, those with vectors, coverage, train clips checked).
 
 ``lineage.arrow`` answers "which steps served this row" in O(1): one record per
 manifest row (``row``, ``steps: large_list<int64>``), built by one stable argsort over the
@@ -34,12 +42,20 @@ from loader.format import FORMAT_VERSION, INDEX_SCHEMA
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
 from materializer.recipe import Recipe
 from materializer.select import Selection, check_pools, phase_mask, select
+from materializer.validate import check_recipe, resolve_pin
 
 if TYPE_CHECKING:
     from catalog.catalog import Pin, VidlakeCatalog
     from manifests.registry import Registry, SnapshotRecord
 
-__all__ = ["LINEAGE_NAME", "LINEAGE_SCHEMA", "build_artifacts", "code_version", "cut_snapshot"]
+__all__ = [
+    "LINEAGE_NAME",
+    "LINEAGE_SCHEMA",
+    "build_artifacts",
+    "code_version",
+    "cut_snapshot",
+    "resolve_pin",
+]
 
 Progress = Callable[[str, float], None]
 
@@ -80,7 +96,9 @@ def cut_snapshot(
     """Cut ``recipe`` at its catalog pin and register it as the next version.
 
     Raises:
-        InvalidRecipe: The recipe does not fit the catalog (e.g. a phase has no samples).
+        InvalidRecipe: The recipe names a value the catalog does not hold at the pin
+            (:func:`materializer.validate.check_recipe`), or a stream matches nothing.
+        InvalidInput: The recipe does not fit the catalog (e.g. a phase has no samples).
         Conflict: Another cutter claimed the version first; nothing was registered.
     """
     report = progress or (lambda stage, fraction: None)
@@ -90,15 +108,6 @@ def cut_snapshot(
         record = registry.publish(artifacts, snapshot, parent=registry.next_parent())
         report("publish", 1.0)
     return record
-
-
-def resolve_pin(catalog: VidlakeCatalog, recipe: Recipe) -> Pin:
-    """The recipe's pin: the catalog's current state, or the explicit snapshot ids."""
-    from catalog.catalog import Pin
-
-    if recipe.catalog_pin == "latest":
-        return catalog.pin()
-    return Pin(dict(recipe.catalog_pin))
 
 
 def build_artifacts(
@@ -115,7 +124,7 @@ def build_artifacts(
     """
     report = progress or (lambda stage, fraction: None)
     report("pin", 0.0)
-    pin = resolve_pin(catalog, recipe)
+    pin = _checked_pin(catalog, recipe)
     report("pin", 1.0)
     selection = select(catalog, recipe, pin, progress=report)
     if selection.samples.num_rows == 0:
@@ -152,6 +161,7 @@ def build_artifacts(
     report("lineage", 1.0)
 
     snapshot = _snapshot_doc(recipe, pin, selection, samples, summary)
+    snapshot.update(_embedding_facts(recipe, pin, selection))
     artifacts = {
         "manifest.parquet": manifest_path,
         "plan.arrow": plan_path,
@@ -162,6 +172,33 @@ def build_artifacts(
 
 
 # -- stages ---------------------------------------------------------------------------
+def _checked_pin(catalog: VidlakeCatalog, recipe: Recipe) -> Pin:
+    """The pin (Iceberg snapshots and embedding versions), after checking every value
+    the recipe names against the catalog there (streams are checked in selection)."""
+    return check_recipe(catalog, recipe, resolve_pin(catalog, recipe), streams=False).pin
+
+
+def _embedding_facts(recipe: Recipe, pin: Pin, selection: Selection) -> dict[str, Any]:
+    """snapshot.json's ``decontamination`` (None without it) and ``embedding_versions``."""
+    excl = recipe.exclusions.eval_near_duplicates
+    found = selection.decontamination
+    decontamination = None
+    if excl is not None and found is not None:
+        decontamination = {
+            "model": excl.embedding_model,
+            "version": pin.embeddings.get(excl.embedding_model),
+            "max_distance": excl.max_distance,
+            "min_eval_coverage": excl.min_eval_coverage,
+            "eval_clips": found.eval_clips,
+            "eval_clips_with_vectors": found.eval_clips_with_vectors,
+            "coverage": found.coverage,
+            "train_clips": found.train_clips,
+            "train_clips_checked": found.train_clips_checked,
+            "train_clips_dropped": len(found.dropped),
+        }
+    return {"decontamination": decontamination, "embedding_versions": dict(pin.embeddings)}
+
+
 def _scatter(samples: pa.Table, seed: int) -> pa.Table:
     """Manifest order: a seeded permutation of the canonical ``(rung, clip_id)`` order
     that selection returns, so it depends only on the selected set and the seed."""

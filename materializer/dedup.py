@@ -1,7 +1,13 @@
 """Embedding-based drops: eval decontamination and SemDeDup-style semantic dedup.
 
-Both read vectors from :class:`catalog.embeddings.EmbeddingIndex` and work in numpy
-with exact, blocked matrix products, so they are deterministic for a given seed.
+Both read vectors from :class:`catalog.embeddings.EmbeddingIndex` (at the pin's
+LanceDB version) and work in numpy with exact, blocked matrix products, so they are
+deterministic for a given seed.
+
+Decontamination (:func:`decontaminate`) compares the train candidates with the eval
+clips *of the catalog at the pin* (the Iceberg ``split``), not with whatever the
+embedding table's own ``split`` column says, and reports how many of those eval
+clips had a vector: a clip without one cannot be checked against.
 
 SemDeDup (Abbas et al., 2023): cluster the embeddings with spherical k-means, order
 each cluster by the recipe's ``rank_by`` score (best first, ties by clip id), and drop
@@ -16,26 +22,76 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
 
+from catalog.embeddings import pairs_within_vectors
+
 if TYPE_CHECKING:
     from catalog.embeddings import EmbeddingIndex
 
-__all__ = ["eval_near_duplicates", "kmeans_assign", "semdedup", "semdedup_vectors"]
+__all__ = ["Decontamination", "decontaminate", "kmeans_assign", "semdedup", "semdedup_vectors"]
 
 _BLOCK = 2048
 _KMEANS_ITERATIONS = 10
 
 
-def eval_near_duplicates(
-    index: EmbeddingIndex, clip_ids: Sequence[str], max_distance: float
-) -> set[str]:
-    """Clip ids within cosine ``max_distance`` of any eval clip in ``index``."""
-    pairs = index.pairs_within(clip_ids, max_distance, against_split="eval")
-    return set(pairs["clip_id"].to_pylist())
+@dataclass(frozen=True)
+class Decontamination:
+    """What :func:`decontaminate` checked and found.
+
+    Attributes:
+        dropped: Train clip ids within the distance of an eval clip.
+        eval_clips: Eval clips at the pin.
+        eval_clips_with_vectors: Those with a vector in the index.
+        train_clips: Train candidates asked about.
+        train_clips_checked: Those with a vector (compared with every eval vector).
+    """
+
+    dropped: frozenset[str]
+    eval_clips: int
+    eval_clips_with_vectors: int
+    train_clips: int
+    train_clips_checked: int
+
+    @property
+    def coverage(self) -> float:
+        """Eval clips with a vector / eval clips (1.0 when there are none)."""
+        return self.eval_clips_with_vectors / self.eval_clips if self.eval_clips else 1.0
+
+
+def decontaminate(
+    index: EmbeddingIndex,
+    train_ids: Sequence[str],
+    eval_ids: Sequence[str],
+    max_distance: float,
+) -> Decontamination:
+    """Train clips within cosine ``max_distance`` of any of ``eval_ids``' vectors.
+
+    Args:
+        index: The embeddings, at the pinned version.
+        train_ids: Candidate clips (unique).
+        eval_ids: Every eval clip of the catalog at the pin (unique).
+        max_distance: Cosine distance threshold (inclusive).
+    """
+    found, vectors = index.vectors(train_ids)
+    eval_found, eval_vectors = index.vectors(eval_ids)
+    dropped: frozenset[str] = frozenset()
+    if found and eval_found:
+        pairs = pairs_within_vectors(
+            found, vectors, max_distance, other_ids=eval_found, other_vectors=eval_vectors
+        )
+        dropped = frozenset(pairs["clip_id"].to_pylist())
+    return Decontamination(
+        dropped=dropped,
+        eval_clips=len(eval_ids),
+        eval_clips_with_vectors=len(eval_found),
+        train_clips=len(train_ids),
+        train_clips_checked=len(found),
+    )
 
 
 def semdedup(

@@ -39,6 +39,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from catalog.errors import InvalidRecipe
+from catalog.pins import EMBEDDINGS_PREFIX, embedding_key
 from materializer.predicates import clip_view_columns, validate_predicate
 
 __all__ = [
@@ -156,10 +157,18 @@ class ScoreFilter(_Model):
 
 
 class EvalNearDuplicates(_Model):
-    """Drop training clips within ``max_distance`` (cosine) of any eval clip."""
+    """Drop training clips within ``max_distance`` (cosine) of any eval clip.
+
+    A cut refuses to run when fewer than ``min_eval_coverage`` of the eval clips at
+    the pin have a vector of ``embedding_model`` (default: every one must): an eval
+    clip without a vector cannot be decontaminated against.
+    """
 
     embedding_model: Version
     max_distance: Distance
+    min_eval_coverage: Annotated[
+        float, Field(strict=True, ge=0, le=1), AfterValidator(_no_negative_zero)
+    ] = 1.0
 
 
 class Exclusions(_Model):
@@ -374,6 +383,9 @@ def _catalog_pin(value: Any) -> Any:
         raise _fail("", f"{expected}, got {type(value).__name__}")
     known = (*PIN_TABLES, *_OPTIONAL_PIN_TABLES)
     for table, snap in value.items():
+        if isinstance(table, str) and table.startswith(EMBEDDINGS_PREFIX):
+            _check_embedding_pin(table, snap)
+            continue
         if table not in known:
             raise _fail(f"{table}", f"unknown table {table!r} (pinnable: {', '.join(known)})")
         if snap is not None and (
@@ -389,6 +401,15 @@ def _catalog_pin(value: Any) -> Any:
             f"an explicit pin names every table a cut reads; missing {', '.join(missing)}",
         )
     return MappingProxyType({k: value[k] for k in sorted(value)})
+
+
+def _check_embedding_pin(key: str, version: Any) -> None:
+    if not key[len(EMBEDDINGS_PREFIX) :]:
+        raise _fail(key, f"{key!r} names no embedding model ('embeddings/<model version>')")
+    if version is not None and (
+        isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 2**63
+    ):
+        raise _fail(key, f"a LanceDB table version is an integer >= 1, got {version!r}")
 
 
 _PinJson = Literal["latest"] | dict[str, int | None]
@@ -424,6 +445,15 @@ class Recipe(_Model):
         out = {s.name: s.version for s in self.scores}
         out.update({f.name: f.version for f in self.filters})
         return dict(sorted(out.items()))
+
+    def embedding_models(self) -> tuple[str, ...]:
+        """Every embedding model version the recipe reads (decontamination, dedup)."""
+        models = set()
+        if self.exclusions.eval_near_duplicates is not None:
+            models.add(self.exclusions.eval_near_duplicates.embedding_model)
+        if self.semantic_dedup is not None:
+            models.add(self.semantic_dedup.embedding_model)
+        return tuple(sorted(models))
 
     def view_columns(self, *, include_tier: bool = True) -> dict[str, str]:
         """The clip view's columns for this recipe (see :mod:`materializer.predicates`)."""
@@ -486,7 +516,33 @@ class Recipe(_Model):
                         f"phases[{i}].global_batch.overrides.{key}",
                         _unknown("bucket", key, bucket_keys),
                     )
+        self._check_embedding_pins()
         return self._normalised_predicates()
+
+    def _check_embedding_pins(self) -> None:
+        """An explicit pin that names embedding versions names exactly the models the
+        recipe reads (a pin without any keeps reading the latest, as before pins
+        covered embeddings; snapshot.json records the versions read)."""
+        if isinstance(self.catalog_pin, str):
+            return
+        named = [k for k in self.catalog_pin if k.startswith(EMBEDDINGS_PREFIX)]
+        if not named:
+            return
+        models = self.embedding_models()
+        for key in named:
+            if key[len(EMBEDDINGS_PREFIX) :] not in models:
+                used = ", ".join(repr(embedding_key(m)) for m in models) or "none"
+                raise _fail(
+                    f"catalog_pin.{key}",
+                    f"the recipe reads no embeddings of {key[len(EMBEDDINGS_PREFIX) :]!r} "
+                    f"(it reads: {used})",
+                )
+        for model in models:
+            if embedding_key(model) not in self.catalog_pin:
+                raise _fail(
+                    f"catalog_pin.{embedding_key(model)}",
+                    f"the pin names embedding versions but not {embedding_key(model)!r}",
+                )
 
     def _normalised_predicates(self) -> Recipe:
         # Store the validated, normalised SQL: it is what selection runs, so it is what

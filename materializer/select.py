@@ -15,6 +15,12 @@ is gated out or its stream has no weight at its rung).
 
 Counts are of candidate samples. Everything returned is sorted by ``(rung, clip_id)``
 so that the result does not depend on scan or thread order.
+
+The same query flags, per stream, the train candidates its predicate matches (before
+any drop but ``eval``, regardless of earlier streams): a stream that matches nothing at
+the pin is a recipe error (``InvalidRecipe`` at ``streams[i].where``), not a silently
+empty stream. Embeddings are read at the pin's LanceDB versions, and decontamination
+compares against the eval clips of the pinned catalog (see :mod:`materializer.dedup`).
 """
 
 from __future__ import annotations
@@ -29,14 +35,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from catalog.errors import InvalidInput
-from materializer.dedup import eval_near_duplicates, semdedup
+from catalog.errors import InvalidInput, InvalidRecipe
+from materializer.dedup import Decontamination, decontaminate, semdedup
 from materializer.recipe import Recipe
 
 if TYPE_CHECKING:
     from catalog.catalog import Pin, VidlakeCatalog
 
-__all__ = ["Selection", "check_pools", "phase_mask", "select"]
+__all__ = ["Selection", "check_pools", "phase_mask", "select", "stream_match_counts"]
 
 Progress = Callable[[str, float], None]
 
@@ -51,12 +57,14 @@ class Selection:
         drops: Candidate samples dropped, by reason.
         candidates: Candidate samples before any drop.
         stream_names: Stream names by id (the recipe's order).
+        decontamination: What eval decontamination checked (None without it).
     """
 
     samples: pa.Table
     drops: dict[str, int]
     candidates: int
     stream_names: list[str]
+    decontamination: Decontamination | None = None
 
 
 def select(
@@ -75,15 +83,9 @@ def select(
         progress: Called with ``(stage, fraction)``.
     """
     report = progress or (lambda stage, fraction: None)
-    con = duckdb.connect(":memory:", config={"threads": 2})
-    try:
-        report("scan", 0.0)
-        _register_scans(con, catalog, recipe, pin, report)
-        report("join", 0.0)
-        table = con.sql(_candidate_sql(recipe), params=_candidate_params(recipe)).to_arrow_table()
-    finally:
-        con.close()
+    table, eval_ids = _candidates(catalog, recipe, pin, report)
     report("join", 1.0)
+    table = _check_stream_matches(recipe, table)
     candidates = table.num_rows
     drops: dict[str, int] = {}
     table = _take_kept(table, drops)
@@ -98,7 +100,7 @@ def select(
     table = _drop_where(table, pc.is_null(table["stream"]), "no_stream", drops)
 
     report("embeddings", 0.0)
-    table = _embedding_drops(catalog, recipe, table, drops)
+    table, decontamination = _embedding_drops(catalog, recipe, pin, table, eval_ids, drops)
     report("embeddings", 1.0)
     table = _phase_gate(recipe, table, drops)
     table = table.sort_by([("rung", "ascending"), ("clip_id", "ascending")])
@@ -107,7 +109,70 @@ def select(
         drops={k: drops[k] for k in sorted(drops)},
         candidates=candidates,
         stream_names=[s.name for s in recipe.streams],
+        decontamination=decontamination,
     )
+
+
+def stream_match_counts(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin) -> list[int]:
+    """Per stream, the train candidate samples its predicate matches at ``pin``
+    (before every drop but ``eval``, each stream on its own: no first-match rule)."""
+    table, _ = _candidates(catalog, recipe, pin, lambda stage, fraction: None)
+    return _match_counts(table, len(recipe.streams))
+
+
+def _candidates(
+    catalog: VidlakeCatalog, recipe: Recipe, pin: Pin, report: Progress
+) -> tuple[pa.Table, list[str]]:
+    """The candidate query's rows, and the eval clip ids of the pinned catalog."""
+    con = duckdb.connect(":memory:", config={"threads": 2})
+    try:
+        report("scan", 0.0)
+        _register_scans(con, catalog, recipe, pin, report)
+        report("join", 0.0)
+        table = con.sql(_candidate_sql(recipe), params=_candidate_params(recipe)).to_arrow_table()
+        eval_ids = [r[0] for r in con.sql(_EVAL_CLIPS_SQL).fetchall()]
+    finally:
+        con.close()
+    return table, eval_ids
+
+
+# An eval clip is one whose clip row or asset row says eval (the carve-out's rule).
+_EVAL_CLIPS_SQL = """
+SELECT DISTINCT c.clip_id FROM raw_clips c LEFT JOIN raw_assets a ON a.asset_id = c.asset_id
+WHERE c.split = 'eval' OR a.split = 'eval' ORDER BY c.clip_id
+"""
+
+
+def _match_counts(table: pa.Table, num_streams: int) -> list[int]:
+    train = pc.fill_null(pc.not_equal(table["drop_reason"], "eval"), True)
+    counts = []
+    for i in range(num_streams):
+        hits = pc.and_(table[f"_match_{i}"], train)
+        counts.append(int(pc.sum(pc.cast(hits, pa.int64())).as_py() or 0))
+    return counts
+
+
+def _check_stream_matches(recipe: Recipe, table: pa.Table) -> pa.Table:
+    """Refuse a stream whose predicate matches no train candidate; drop the flags."""
+    counts = _match_counts(table, len(recipe.streams))
+    empty = [i for i, n in enumerate(counts) if n == 0]
+    errors = [
+        {
+            "path": f"streams[{i}].where",
+            "message": f"stream {recipe.streams[i].name!r}: the predicate "
+            f"{recipe.streams[i].where!r} matches no train clip at the catalog pin",
+        }
+        for i in empty
+    ]
+    if errors:
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise InvalidRecipe(
+            f"{errors[0]['path']}: {errors[0]['message']}{more}",
+            path=errors[0]["path"],
+            value=recipe.streams[empty[0]].where,
+            errors=errors,
+        )
+    return table.drop_columns([f"_match_{i}" for i in range(len(recipe.streams))])
 
 
 # -- scans ----------------------------------------------------------------------------
@@ -235,6 +300,10 @@ def _candidate_sql(recipe: Recipe) -> str:
     stream_case = " ".join(
         f"WHEN {s.where} THEN {i}::INTEGER" for i, s in enumerate(recipe.streams)
     )
+    # Each stream's own match (tier included), for the "matches nothing" check.
+    match_flags = ", ".join(
+        f"coalesce(({s.where}), FALSE) AS _match_{i}" for i, s in enumerate(recipe.streams)
+    )
     return f"""
 WITH
   assets AS (
@@ -303,11 +372,11 @@ WITH
     LEFT JOIN s ON s.clip_id = c.clip_id
     LEFT JOIN cap ON cap.clip_id = c.clip_id
   ),
-  tiered AS (SELECT *, {tier_expr} AS tier FROM base WHERE drop_reason IS NULL)
-SELECT base.*, NULL::VARCHAR AS tier, NULL::INTEGER AS stream FROM base
+  tiered AS (SELECT *, {tier_expr} AS tier, {match_flags} FROM base)
+SELECT * EXCLUDE (tier), NULL::VARCHAR AS tier, NULL::INTEGER AS stream FROM tiered
 WHERE drop_reason IS NOT NULL
 UNION ALL BY NAME
-SELECT *, CASE {stream_case} ELSE NULL END AS stream FROM tiered
+SELECT *, CASE {stream_case} ELSE NULL END AS stream FROM tiered WHERE drop_reason IS NULL
 """
 
 
@@ -334,23 +403,31 @@ def _drop_where(
 
 # -- embeddings: eval decontamination and semantic dedup ---------------------------------------
 def _embedding_drops(
-    catalog: VidlakeCatalog, recipe: Recipe, table: pa.Table, drops: dict[str, int]
-) -> pa.Table:
+    catalog: VidlakeCatalog,
+    recipe: Recipe,
+    pin: Pin,
+    table: pa.Table,
+    eval_ids: list[str],
+    drops: dict[str, int],
+) -> tuple[pa.Table, Decontamination | None]:
     clip_ids = pc.unique(table["clip_id"])
     excl = recipe.exclusions.eval_near_duplicates
-    if excl is not None and len(clip_ids):
-        index = catalog.embeddings(excl.embedding_model)
-        bad = eval_near_duplicates(index, clip_ids.to_pylist(), excl.max_distance)
+    found = None
+    if excl is not None:
+        index = catalog.embeddings(
+            excl.embedding_model, version=pin.embeddings.get(excl.embedding_model)
+        )
+        found = decontaminate(index, clip_ids.to_pylist(), eval_ids, excl.max_distance)
         table = _drop_where(
             table,
-            pc.is_in(table["clip_id"], pa.array(sorted(bad), pa.string())),
+            pc.is_in(table["clip_id"], pa.array(sorted(found.dropped), pa.string())),
             "eval_near_duplicate",
             drops,
         )
     dd = recipe.semantic_dedup
     if dd is not None and table.num_rows:
         clips = _one_row_per_clip(table, f"score_{dd.rank_by}")
-        index = catalog.embeddings(dd.embedding_model)
+        index = catalog.embeddings(dd.embedding_model, version=pin.embeddings.get(dd.embedding_model))
         dropped = semdedup(
             index,
             clips["clip_id"].to_pylist(),
@@ -367,7 +444,7 @@ def _embedding_drops(
             "semantic_dedup",
             drops,
         )
-    return table
+    return table, found
 
 
 def _one_row_per_clip(table: pa.Table, score_col: str) -> pa.Table:

@@ -225,7 +225,6 @@ def test_a_recipe_that_selects_nothing_is_refused_and_registers_nothing(
     catalog, _ = lake
     data = _recipe_dict(recipe)
     data["filters"] = [{"name": "aesthetic", "version": "2", "min": 1e9}]
-    data["tiers"] = {"rules": [], "default": "bronze"}
     data["phases"] = [{**data["phases"][0]}]
     registry = Registry(catalog.objects)
     before = registry.versions()

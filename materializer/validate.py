@@ -1,0 +1,346 @@
+"""Checking a recipe against the catalog at its pin, not only its syntax.
+
+:func:`load_recipe` proves a recipe well formed; :func:`check_recipe` proves that it
+means something in *this* catalog at *its* pin. Each value the recipe names must
+exist there:
+
+========================================  =============================================
+recipe field                              known values (pinned tables)
+========================================  =============================================
+``tokenizer_version``                     distinct ``tokenizer_version`` in ``latents``
+``phases[i].rung``                        distinct ``rung`` of that tokenizer
+``filters[i].name`` / ``scores[i].name``  distinct ``filter_name`` in ``scores``
+``filters[i].version`` / ``scores[i]…``   distinct ``filter_version`` of that name
+``captions.version``                      distinct ``caption_version`` in ``captions``
+``captions.kinds[j]``                     distinct ``kind`` of that version
+``…embedding_model``                      LanceDB tables (one per model version), with
+                                          vectors at the pinned table version
+``catalog_pin.<table>``                   the table's Iceberg snapshots
+``streams[i].where``                      matches at least one train candidate
+========================================  =============================================
+
+and, with eval decontamination, at least ``min_eval_coverage`` of the eval clips at
+the pin must have a vector of the model (an eval clip without one is never checked
+against). Every problem is collected; one :class:`~catalog.errors.InvalidRecipe`
+names the first (``path``, ``value``, ``known``) and lists all in ``errors``.
+
+Distinct values come from DuckDB over narrow Arrow scans of the pinned tables (two
+columns each), so the check costs a few column scans, not a cut. The stream check
+runs the cut's candidate query (:func:`materializer.select.stream_match_counts`);
+a cut does it inside selection instead (``streams=False`` here).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from catalog.errors import InvalidRecipe, NotFound
+from catalog.pins import Pin, embedding_key
+from materializer.recipe import Recipe
+
+if TYPE_CHECKING:
+    from catalog.catalog import VidlakeCatalog
+
+__all__ = ["CatalogCheck", "Coverage", "KnownValues", "check_recipe", "resolve_pin"]
+
+_SHOWN = 50  # known values listed in a message (``known`` holds them all)
+
+
+@dataclass(frozen=True)
+class KnownValues:
+    """What the pinned catalog holds, for the fields a recipe names.
+
+    Attributes:
+        scores: filter_name -> its filter_versions.
+        captions: caption_version -> its kinds.
+        latents: tokenizer_version -> its rungs.
+        embedding_models: Embedding model versions with a LanceDB table.
+    """
+
+    scores: Mapping[str, tuple[str, ...]]
+    captions: Mapping[str, tuple[str, ...]]
+    latents: Mapping[str, tuple[str, ...]]
+    embedding_models: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Eval decontamination coverage at the pin: eval clips with a vector / eval clips."""
+
+    model: str
+    version: int | None
+    eval_clips: int
+    eval_clips_with_vectors: int
+
+    @property
+    def coverage(self) -> float:
+        """1.0 when the pin holds no eval clip (nothing to decontaminate against)."""
+        return self.eval_clips_with_vectors / self.eval_clips if self.eval_clips else 1.0
+
+
+@dataclass(frozen=True)
+class CatalogCheck:
+    """A recipe that passed :func:`check_recipe`, and what the check saw."""
+
+    pin: Pin
+    known: KnownValues
+    coverage: Coverage | None
+    streams: tuple[int, ...] | None = None
+
+
+@dataclass
+class _Problems:
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def unknown(self, path: str, what: str, value: str, known: Any) -> None:
+        names = sorted(known)
+        shown = ", ".join(repr(k) for k in names[:_SHOWN]) or "none"
+        if len(names) > _SHOWN:
+            shown += f", … ({len(names)} in all)"
+        self.add(path, f"unknown {what} {value!r} at the catalog pin (known: {shown})", value, names)
+
+    def add(self, path: str, message: str, value: Any = None, known: Any = None) -> None:
+        self.errors.append({"path": path, "message": message, "value": value, "known": known})
+
+    def raise_any(self) -> None:
+        if not self.errors:
+            return
+        first = self.errors[0]
+        more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
+        raise InvalidRecipe(
+            f"{first['path']}: {first['message']}{more}",
+            path=first["path"],
+            value=first["value"],
+            known=first["known"],
+            errors=self.errors,
+        )
+
+
+def resolve_pin(catalog: VidlakeCatalog, recipe: Recipe) -> Pin:
+    """The recipe's pin, covering every input the cut reads.
+
+    ``latest``: the catalog's current Iceberg snapshots and the current LanceDB
+    version of each embedding model the recipe reads. An explicit pin is taken as
+    written; one that names no embedding versions (written before pins covered
+    embeddings) reads each model at its current version, which the snapshot records.
+    """
+    models = recipe.embedding_models()
+    if recipe.catalog_pin == "latest":
+        return catalog.pin(embeddings=models)
+    pin = Pin.from_dict(recipe.catalog_pin)
+    missing = [m for m in models if m not in pin.embeddings]
+    if not missing:
+        return pin
+    from catalog.embeddings import current_versions
+
+    return pin.with_embeddings(current_versions(catalog.config.lance, missing))
+
+
+def check_recipe(
+    catalog: VidlakeCatalog, recipe: Recipe, pin: Pin | None = None, *, streams: bool = True
+) -> CatalogCheck:
+    """Check every value ``recipe`` names against ``catalog`` at ``pin``.
+
+    Args:
+        catalog: The catalog.
+        recipe: A recipe that passed :func:`~materializer.recipe.load_recipe`.
+        pin: The state to check at; None resolves the recipe's own pin.
+        streams: Also check that every stream predicate matches a train candidate
+            (runs the candidate query; a cut checks this during selection).
+
+    Raises:
+        InvalidRecipe: ``path``, ``value`` and ``known`` of the first problem;
+            ``errors`` lists every problem found.
+    """
+    pin = resolve_pin(catalog, recipe) if pin is None else pin
+    problems = _Problems()
+    _check_snapshots(catalog, recipe, pin, problems)
+    problems.raise_any()  # nothing below can be read at a pin that does not exist
+    known = known_values(catalog, pin)
+    _check_latents(recipe, known, problems)
+    _check_scores(recipe, known, problems)
+    _check_captions(recipe, known, problems)
+    usable = _check_embeddings(catalog, recipe, pin, known, problems)
+    coverage = _check_coverage(catalog, recipe, pin, usable, problems)
+    problems.raise_any()
+    counts = None
+    if streams:
+        from materializer.select import stream_match_counts
+
+        counts = tuple(stream_match_counts(catalog, recipe, pin))
+        for i, (stream, n) in enumerate(zip(recipe.streams, counts, strict=True)):
+            if n == 0:
+                problems.add(
+                    f"streams[{i}].where",
+                    f"stream {stream.name!r}: the predicate {stream.where!r} matches no "
+                    "train clip at the catalog pin",
+                    stream.where,
+                )
+        problems.raise_any()
+    return CatalogCheck(pin=pin, known=known, coverage=coverage, streams=counts)
+
+
+def known_values(catalog: VidlakeCatalog, pin: Pin) -> KnownValues:
+    """Distinct score, caption and latent versions at ``pin``, and embedding models."""
+    from catalog.embeddings import list_models
+
+    return KnownValues(
+        scores=_grouped(catalog, "scores", pin, "filter_name", "filter_version"),
+        captions=_grouped(catalog, "captions", pin, "caption_version", "kind"),
+        latents=_grouped(catalog, "latents", pin, "tokenizer_version", "rung"),
+        embedding_models=tuple(list_models(catalog.config.lance)),
+    )
+
+
+def _grouped(
+    catalog: VidlakeCatalog, table: str, pin: Pin, key: str, value: str
+) -> dict[str, tuple[str, ...]]:
+    """``{key: sorted distinct values}`` over a pinned table, by DuckDB over Arrow."""
+    reader = catalog.scan_batches(table, pin, columns=[key, value], include_eval=True)
+    con = duckdb.connect(":memory:", config={"threads": 2})
+    try:
+        con.register("t", reader)
+        rows = con.sql(
+            f'SELECT "{key}", list(DISTINCT "{value}" ORDER BY "{value}") FROM t '
+            f'WHERE "{key}" IS NOT NULL AND "{value}" IS NOT NULL GROUP BY 1 ORDER BY 1'
+        ).fetchall()
+    finally:
+        con.close()
+    return {str(k): tuple(str(v) for v in vs) for k, vs in rows}
+
+
+def _check_snapshots(
+    catalog: VidlakeCatalog, recipe: Recipe, pin: Pin, problems: _Problems
+) -> None:
+    if isinstance(recipe.catalog_pin, str):
+        return
+    for table, sid in pin.items():
+        if sid is None or catalog.iceberg_table(table).metadata.snapshot_by_id(sid):
+            continue
+        snaps = [s.snapshot_id for s in catalog.iceberg_table(table).metadata.snapshots]
+        problems.add(
+            f"catalog_pin.{table}",
+            f"{table} has no snapshot {sid} (expired?); it has {len(snaps)}",
+            sid,
+            snaps[-_SHOWN:],
+        )
+
+
+def _check_latents(recipe: Recipe, known: KnownValues, problems: _Problems) -> None:
+    rungs = known.latents.get(recipe.tokenizer_version)
+    if rungs is None:
+        problems.unknown(
+            "tokenizer_version", "tokenizer version", recipe.tokenizer_version, known.latents
+        )
+        return
+    for i, phase in enumerate(recipe.phases):
+        if phase.rung not in rungs:
+            problems.unknown(
+                f"phases[{i}].rung",
+                f"rung (tokenizer {recipe.tokenizer_version!r})",
+                phase.rung,
+                rungs,
+            )
+
+
+def _check_scores(recipe: Recipe, known: KnownValues, problems: _Problems) -> None:
+    refs = [("filters", i, f.name, f.version) for i, f in enumerate(recipe.filters)]
+    refs += [("scores", i, s.name, s.version) for i, s in enumerate(recipe.scores)]
+    for where, i, name, version in refs:
+        versions = known.scores.get(name)
+        if versions is None:
+            problems.unknown(f"{where}[{i}].name", "filter name", name, known.scores)
+        elif version not in versions:
+            problems.unknown(
+                f"{where}[{i}].version", f"version of filter {name!r}", version, versions
+            )
+
+
+def _check_captions(recipe: Recipe, known: KnownValues, problems: _Problems) -> None:
+    kinds = known.captions.get(recipe.captions.version)
+    if kinds is None:
+        problems.unknown(
+            "captions.version", "caption version", recipe.captions.version, known.captions
+        )
+        return
+    for j, kind in enumerate(recipe.captions.kinds):
+        if kind not in kinds:
+            problems.unknown(
+                f"captions.kinds[{j}]",
+                f"caption kind (version {recipe.captions.version!r})",
+                kind,
+                kinds,
+            )
+
+
+def _model_fields(recipe: Recipe) -> list[tuple[str, str]]:
+    fields = []
+    if recipe.exclusions.eval_near_duplicates is not None:
+        fields.append(
+            (
+                "exclusions.eval_near_duplicates.embedding_model",
+                recipe.exclusions.eval_near_duplicates.embedding_model,
+            )
+        )
+    if recipe.semantic_dedup is not None:
+        fields.append(("semantic_dedup.embedding_model", recipe.semantic_dedup.embedding_model))
+    return fields
+
+
+def _check_embeddings(
+    catalog: VidlakeCatalog, recipe: Recipe, pin: Pin, known: KnownValues, problems: _Problems
+) -> set[str]:
+    """Models that exist and hold vectors at the pinned version; report the rest."""
+    usable: set[str] = set()
+    explicit = not isinstance(recipe.catalog_pin, str)
+    for path, model in _model_fields(recipe):
+        version = pin.embeddings.get(model)
+        if model not in known.embedding_models or version is None:
+            problems.unknown(path, "embedding model", model, known.embedding_models)
+            continue
+        try:
+            rows = catalog.embeddings(model, version=version).count()
+        except NotFound as exc:
+            where = f"catalog_pin.{embedding_key(model)}" if explicit else path
+            problems.add(where, exc.message, version, getattr(exc, "versions", None))
+            continue
+        if rows == 0:
+            problems.add(
+                path, f"embedding model {model!r} has no vectors at LanceDB version {version}"
+            )
+            continue
+        usable.add(model)
+    return usable
+
+
+def _check_coverage(
+    catalog: VidlakeCatalog, recipe: Recipe, pin: Pin, usable: set[str], problems: _Problems
+) -> Coverage | None:
+    excl = recipe.exclusions.eval_near_duplicates
+    if excl is None or excl.embedding_model not in usable:
+        return None
+    from pyiceberg.expressions import EqualTo
+
+    clips = catalog.scan(
+        "clips", pin, columns=["clip_id"], row_filter=EqualTo("split", "eval"), include_eval=True
+    )
+    eval_ids = pc.unique(clips["clip_id"]).cast(pa.string())
+    version = pin.embeddings.get(excl.embedding_model)
+    have = catalog.embeddings(excl.embedding_model, version=version).clip_ids()
+    with_vectors = int(pc.sum(pc.cast(pc.is_in(eval_ids, value_set=have), pa.int64())).as_py() or 0)
+    found = Coverage(excl.embedding_model, version, len(eval_ids), with_vectors)
+    if found.coverage < excl.min_eval_coverage:
+        problems.add(
+            "exclusions.eval_near_duplicates.min_eval_coverage",
+            f"only {with_vectors} of {len(eval_ids)} eval clips ({found.coverage:.4f}) have a "
+            f"{excl.embedding_model!r} vector at LanceDB version {version}; decontamination "
+            f"needs {excl.min_eval_coverage} (embed the rest, or lower min_eval_coverage)",
+            found.coverage,
+        )
+    return found
