@@ -9,8 +9,15 @@ many it dropped to ``skipped``. ``skipped.parquet`` lists every skipped
 
     old plan rows of step s  ==  new plan rows of step s  +  skipped rows of step s
 
-holds per step against the unpatched plan. The index and manifest are re-used as
-they are (same objects, same SHA-256).
+holds per step against the unpatched plan. ``excluded_rows.parquet`` lists every
+manifest row the chain of patches excluded (``row, clip_id, reason``), served or not,
+so a diff knows which clips a patched version can still serve. The index and manifest
+are re-used as they are (same objects, same SHA-256).
+
+``snapshot.json`` of a patch describes what the *patched* plan serves: ``plan_rows``,
+``tokens``, ``stream_shares`` (share of plan rows per stream) and each phase's
+``plan_rows``, ``tokens`` and ``realized`` shares are recomputed from the new plan,
+never copied from the base.
 """
 
 from __future__ import annotations
@@ -30,12 +37,27 @@ from catalog.errors import Conflict, IntegrityError, InvalidInput
 from loader.format import PLAN_SCHEMA
 from manifests.registry import Registry, SnapshotRecord
 
-__all__ = ["SKIPPED_NAME", "SKIPPED_SCHEMA", "filter_plan_batch", "patch"]
+__all__ = [
+    "EXCLUDED_NAME",
+    "EXCLUDED_SCHEMA",
+    "SKIPPED_NAME",
+    "SKIPPED_SCHEMA",
+    "filter_plan_batch",
+    "patch",
+]
 
 SKIPPED_NAME = "skipped.parquet"
 SKIPPED_SCHEMA = pa.schema(
     [
         pa.field("step", pa.int64(), nullable=False),
+        pa.field("row", pa.int64(), nullable=False),
+        pa.field("clip_id", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+    ]
+)
+EXCLUDED_NAME = "excluded_rows.parquet"
+EXCLUDED_SCHEMA = pa.schema(
+    [
         pa.field("row", pa.int64(), nullable=False),
         pa.field("clip_id", pa.string(), nullable=False),
         pa.field("reason", pa.string(), nullable=False),
@@ -93,6 +115,7 @@ def patch(
             excluded, excluded_clips, excluded_streams = _resolve(
                 index_path, clip_ids, asset_ids, rows
             )
+            row_stream, row_tokens = _row_columns(index_path)
         plan_path = registry.artifact_path(version, "plan.arrow", work / "old")
         earlier = None
         if SKIPPED_NAME in refs:
@@ -107,12 +130,22 @@ def patch(
             reason,
             earlier,
         )
+        stats.update(_served(work / "plan.arrow", row_stream, row_tokens))
+        earlier_excluded = None
+        if EXCLUDED_NAME in refs:
+            earlier_excluded = pq.read_table(
+                registry.artifact_path(version, EXCLUDED_NAME, work / "old")
+            )
+        _write_excluded(
+            work / EXCLUDED_NAME, excluded, excluded_clips, reason, earlier_excluded
+        )
         uploaded = registry.upload_artifacts(
             {
                 "manifest.parquet": refs["manifest.parquet"],
                 "index.arrow": refs["index.arrow"],
                 "plan.arrow": work / "plan.arrow",
                 SKIPPED_NAME: work / SKIPPED_NAME,
+                EXCLUDED_NAME: work / EXCLUDED_NAME,
             }
         )
     snapshot = _patched_snapshot(
@@ -302,6 +335,104 @@ def _rewrite_plan(
     }
 
 
+def _row_columns(index_path: Path) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Stream and tokens of every manifest row, by row number."""
+    streams, tokens, rows = [], [], []
+    with pa.memory_map(str(index_path)) as source:
+        reader = pa.ipc.open_file(source)
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            rows.append(batch.column("row").to_numpy().astype(np.int64))
+            streams.append(batch.column("stream").to_numpy().astype(np.int64))
+            tokens.append(batch.column("tokens").to_numpy().astype(np.int64))
+    row = np.concatenate([np.zeros(0, np.int64), *rows])
+    stream = np.zeros(len(row), np.int64)
+    token = np.zeros(len(row), np.int64)
+    stream[row] = np.concatenate([np.zeros(0, np.int64), *streams])
+    token[row] = np.concatenate([np.zeros(0, np.int64), *tokens])
+    return stream, token
+
+
+def _served(
+    plan: Path, row_stream: NDArray[np.int64], row_tokens: NDArray[np.int64]
+) -> dict[str, Any]:
+    """Samples and tokens the plan serves, per (phase, stream): one vectorised pass."""
+    num_streams = int(row_stream.max(initial=-1)) + 1
+    samples = np.zeros((0, num_streams), np.int64)
+    tokens = np.zeros((0, num_streams), np.int64)
+    with pa.memory_map(str(plan)) as source:
+        reader = pa.ipc.open_file(source)
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            lists = batch.column("rows")
+            values = pc.list_flatten(lists).to_numpy().astype(np.int64)
+            lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
+            phase = np.repeat(batch.column("phase").to_numpy().astype(np.int64), lengths)
+            num_phases = max(samples.shape[0], int(phase.max(initial=-1)) + 1)
+            samples = np.pad(samples, ((0, num_phases - samples.shape[0]), (0, 0)))
+            tokens = np.pad(tokens, ((0, num_phases - tokens.shape[0]), (0, 0)))
+            np.add.at(samples, (phase, row_stream[values]), 1)
+            np.add.at(tokens, (phase, row_stream[values]), row_tokens[values])
+    return {"served_samples": samples, "served_tokens": tokens}
+
+
+def _write_excluded(
+    path: Path,
+    excluded: NDArray[np.int64],
+    excluded_clips: pa.Array,
+    reason: str,
+    earlier: pa.Table | None,
+) -> None:
+    """Every row the patch chain excluded, each once (the first patch's reason kept)."""
+    now = pa.table(
+        [
+            pa.array(excluded, pa.int64()),
+            excluded_clips.cast(pa.string()),
+            pa.array([reason] * len(excluded), pa.string()),
+        ],
+        schema=EXCLUDED_SCHEMA,
+    )
+    parts = [] if earlier is None else [earlier.select(EXCLUDED_SCHEMA.names).cast(EXCLUDED_SCHEMA)]
+    table = pa.concat_tables([*parts, now])
+    rows = table["row"].to_numpy()
+    _, first = np.unique(rows, return_index=True)  # sorted by row, earliest entry kept
+    pq.write_table(table.take(pa.array(first)), str(path))
+
+
+def _shares(values: NDArray[np.int64], names: list[Any]) -> dict[str, float]:
+    total = int(values.sum())
+    return {
+        (str(names[k]) if k < len(names) else str(k)): (int(v) / total if total else 0.0)
+        for k, v in enumerate(values)
+    }
+
+
+def _served_figures(snapshot: dict[str, Any], stats: dict[str, Any]) -> None:
+    """Overwrite the base's plan figures with what the patched plan serves."""
+    names = list(snapshot.get("streams") or [])
+    samples, tokens = stats["served_samples"], stats["served_tokens"]
+    shares = _shares(samples.sum(axis=0), names)
+    base = snapshot.get("stream_shares") or {}
+    # A patch only removes rows: the base's streams, each at its served share.
+    snapshot["stream_shares"] = (
+        {k: shares.get(k, 0.0) for k in base} if base else {k: v for k, v in shares.items() if v}
+    )
+    snapshot["tokens"] = int(tokens.sum())
+    phases = []
+    for i, phase in enumerate(snapshot.get("phases") or []):
+        phase = dict(phase)
+        row_s = samples[i] if i < len(samples) else np.zeros(len(names), np.int64)
+        row_t = tokens[i] if i < len(tokens) else np.zeros(len(names), np.int64)
+        phase["plan_rows"] = int(row_s.sum())
+        phase["tokens"] = int(row_t.sum())
+        if "realized" in phase:
+            served = _shares(row_t if phase.get("unit") == "tokens" else row_s, names)
+            phase["realized"] = {k: served.get(k, 0.0) for k in phase["realized"]}
+        phases.append(phase)
+    if phases:
+        snapshot["phases"] = phases
+
+
 def _patched_snapshot(
     base: SnapshotRecord,
     stats: dict[str, Any],
@@ -318,6 +449,7 @@ def _patched_snapshot(
         (str(names[k]) if k < len(names) else str(k)): int(n) for k, n in enumerate(per_stream) if n
     }
     snapshot["plan_rows"] = stats["plan_rows"]
+    _served_figures(snapshot, stats)
     counts = dict(snapshot.get("counts") or {})
     counts["skipped_plan_rows"] = stats["skipped_total"]
     snapshot["counts"] = counts

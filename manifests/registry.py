@@ -158,10 +158,16 @@ class Pin(_Fact):
 class SnapshotDiff(_Fact):
     """What changed from version ``a`` to version ``b`` (``model_dump()`` is JSON-ready).
 
-    ``clips_added``/``clips_removed`` are sorted and cut to ``max_clips`` when one was
-    given; the ``num_*`` counts are always exact. ``counts``, ``drops`` and
-    ``stream_shares`` map each (dotted, flattened) key to ``{"a", "b", "delta"}``
-    (``delta`` only for numbers; ``None`` stands for a key one side lacks).
+    A version's clips are those its plan can serve: the clips of its index rows,
+    less the rows a patch chain excluded (``excluded_rows.parquet``; for a patch
+    written before that artifact, the rows of ``skipped.parquet``). ``rows`` counts
+    the same rows. ``clips_added``/``clips_removed`` are sorted and cut to
+    ``max_clips`` when one was given; the ``num_*`` counts are always exact.
+    ``counts``, ``drops`` and ``stream_shares`` map each (dotted, flattened) key to
+    ``{"a", "b", "delta"}`` (``delta`` only for numbers; ``None`` stands for a key one
+    side lacks); a patch's ``stream_shares`` are those its plan serves.
+    ``catalog_changes`` names every pin entry that differs (Iceberg tables, and
+    embedding models as ``embeddings/<model>``) as ``{"a", "b"}``.
     """
 
     a: int
@@ -177,6 +183,7 @@ class SnapshotDiff(_Fact):
     plan_rows: dict[str, int | None]
     recipe_sha256: dict[str, Any]
     catalog_changed: bool
+    catalog_changes: dict[str, dict[str, Any]]
     stream_shares: dict[str, dict[str, Any]]
     counts: dict[str, dict[str, Any]]
     drops: dict[str, dict[str, Any]]
@@ -570,6 +577,7 @@ class Registry:
         removed = _sorted_difference(clips_a, clips_b)
         limit = max(len(added), len(removed)) if max_clips is None else max_clips
         sa, sb = rec_a.snapshot, rec_b.snapshot
+        pins = _pin_changes(sa.get("catalog_snapshot_ids"), sb.get("catalog_snapshot_ids"))
         return SnapshotDiff(
             a=a,
             b=b,
@@ -587,17 +595,34 @@ class Registry:
                 "b": sb.get("recipe_sha256"),
                 "changed": sa.get("recipe_sha256") != sb.get("recipe_sha256"),
             },
-            catalog_changed=sa.get("catalog_snapshot_ids") != sb.get("catalog_snapshot_ids"),
+            catalog_changed=bool(pins),
+            catalog_changes=pins,
             stream_shares=_mapping_changes(sa.get("stream_shares"), sb.get("stream_shares")),
             counts=_mapping_changes(sa.get("counts"), sb.get("counts")),
             drops=_mapping_changes(sa.get("drops"), sb.get("drops")),
         )
 
     def _clip_ids(self, version: int) -> tuple[pa.Array, int]:
-        """The distinct clip ids of a version's index, and its row count."""
+        """The distinct clip ids a version can serve, and the number of its rows."""
         with self.local_artifact(version, "index.arrow") as path:
-            (clip_ids,) = _read_columns(path, ["clip_id"])
+            rows, clip_ids = _read_columns(path, ["row", "clip_id"])
+        excluded = self._excluded_rows(version)
+        if excluded is not None and len(excluded):
+            clip_ids = pc.filter(clip_ids, pc.invert(pc.is_in(rows, value_set=excluded)))
         return pc.unique(clip_ids), len(clip_ids)
+
+    def _excluded_rows(self, version: int) -> pa.Array | None:
+        """Manifest rows a patch chain excluded from ``version`` (None: not a patch)."""
+        import pyarrow.parquet as pq
+
+        from manifests.patch import EXCLUDED_NAME, SKIPPED_NAME
+
+        refs = self.get(version).artifacts
+        name = EXCLUDED_NAME if EXCLUDED_NAME in refs else SKIPPED_NAME
+        if name not in refs:
+            return None
+        table = pq.read_table(io.BytesIO(self.read_artifact(version, name)), columns=["row"])
+        return pc.unique(table["row"].combine_chunks())
 
 
 def _read_columns(path: Path, names: builtins.list[str]) -> builtins.list[pa.Array]:
@@ -646,6 +671,21 @@ def _change(a: Any, b: Any) -> dict[str, Any]:
     if _is_number(a) and _is_number(b):
         change["delta"] = b - a
     return change
+
+
+def _pin_changes(a: Any, b: Any) -> dict[str, dict[str, Any]]:
+    """``{pin key: {"a", "b"}}`` for every key whose value differs."""
+    pa_ = a if isinstance(a, Mapping) else {}
+    pb = b if isinstance(b, Mapping) else {}
+    if pa_ == pb:
+        return {}
+    if not pa_ or not pb:  # one side records no pin at all
+        return {"catalog_snapshot_ids": {"a": a, "b": b}}
+    return {
+        key: {"a": pa_.get(key), "b": pb.get(key)}
+        for key in sorted({*pa_, *pb})
+        if pa_.get(key) != pb.get(key)
+    }
 
 
 def _mapping_changes(a: Any, b: Any) -> dict[str, dict[str, Any]]:

@@ -159,6 +159,10 @@ class DiffPublic(_Out):
     plan_rows: dict[str, int | None]
     recipe_sha256: dict[str, Any]
     catalog_changed: bool
+    catalog_changes: dict[str, dict[str, Any]] = Field(
+        description="Pin entries that differ, {key: {a, b}}: Iceberg tables by name, "
+        "embedding models as 'embeddings/<model>'"
+    )
     stream_shares: dict[str, dict[str, Any]]
     counts: dict[str, dict[str, Any]]
     drops: dict[str, dict[str, Any]]

@@ -220,3 +220,55 @@ def test_a_plan_with_the_wrong_schema_is_refused(tmp_path: Path) -> None:
     with pytest.raises(IntegrityError):
         patch(registry, 1, exclude_rows=[1], reason="x")
     assert registry.versions() == [1]
+
+
+def _served_shares(registry: Registry, version: int) -> dict[str, float]:
+    """Share of plan rows per stream, counted from the plan and the index."""
+    index = pa.ipc.open_file(pa.BufferReader(registry.read_artifact(version, "index.arrow")))
+    stream_of = index.read_all().column("stream").to_pylist()
+    names = registry.get(version).snapshot["streams"]
+    served = Counter(
+        names[stream_of[r]]
+        for rows in read_plan(registry, version)["rows"].to_pylist()
+        for r in rows
+    )
+    total = sum(served.values())
+    return {n: served[n] / total for n in names}
+
+
+def test_diff_of_a_patch_reports_what_its_plan_serves(tmp_path: Path) -> None:
+    registry = Registry(LocalObjectStore(tmp_path / "store"))
+    clip_ids = [f"c{r}" for r in range(12)]
+    # Rows 0..9 are served (stream = row % 2); rows 10 and 11 are in the manifest only.
+    steps = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 2], [4, 6, 8, 1]]
+    paths, meta = make_cut(tmp_path / "cut", clip_ids, steps=steps)
+    registry.publish(paths, {**meta, "stream_shares": _served_shares_of(steps)}, parent=None)
+    base = registry.get(1).snapshot["stream_shares"]
+    record = patch(registry, 1, exclude_clip_ids=["c0", "c2", "c4"], exclude_rows=[11], reason="x")
+
+    diff = registry.diff(1, record.version)
+    assert diff.clips_removed == ["c0", "c11", "c2", "c4"] and diff.num_clips_removed == 4
+    assert diff.num_clips_added == 0 and diff.num_clips_b == 8
+    assert diff.rows == {"a": 12, "b": 8, "delta": -4}
+    served = _served_shares(registry, record.version)
+    assert served != base
+    assert record.snapshot["stream_shares"] == pytest.approx(served)
+    assert {k: v["b"] for k, v in diff.stream_shares.items()} == pytest.approx(served)
+    new_plan = read_plan(registry, record.version)
+    phase0 = [
+        len(r)
+        for p, r in zip(new_plan["phase"].to_pylist(), new_plan["rows"].to_pylist(), strict=True)
+        if p == 0
+    ]
+    assert record.snapshot["phases"][0]["plan_rows"] == sum(phase0)
+    # A patch of the patch keeps what the first excluded, and reasons stay the first's.
+    again = patch(registry, record.version, exclude_clip_ids=["c1"], reason="y")
+    chained = registry.diff(1, again.version)
+    assert chained.clips_removed == ["c0", "c1", "c11", "c2", "c4"]
+    assert registry.diff(record.version, again.version).clips_removed == ["c1"]
+
+
+def _served_shares_of(steps: list[list[int]]) -> dict[str, float]:
+    served = Counter(("main", "aux")[r % 2] for rows in steps for r in rows)
+    total = sum(served.values())
+    return {n: served[n] / total for n in ("main", "aux")}
