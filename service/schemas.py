@@ -80,6 +80,10 @@ class RecipeValidatePublic(_Out):
     name: str
     sha256: str = Field(description="SHA-256 of the recipe's canonical JSON")
     recipe: dict[str, Any] = Field(description="The normalised recipe")
+    pin: dict[str, int | None] = Field(
+        description="The catalog pin the recipe was checked at (Iceberg tables, and "
+        "'embeddings/<model>': LanceDB table version); a cut now would read this state"
+    )
 
 
 class SnapshotCreate(_In):

@@ -89,15 +89,20 @@ def snapshot_public(record: SnapshotRecord, pinned: bool = False) -> SnapshotPub
     response_model=RecipeValidatePublic,
     responses=_errors(413, 422),
     tags=["recipes"],
-    summary="Validate a recipe (YAML/JSON text or a mapping) without cutting",
+    summary="Validate a recipe (YAML/JSON text or a mapping) against the catalog, without cutting",
 )
-def validate_recipe(body: SnapshotCreate, principal: Reader) -> RecipeValidatePublic:
+def validate_recipe(body: SnapshotCreate, services: Svc, principal: Reader) -> RecipeValidatePublic:
+    from materializer.validate import check_recipe
+
     recipe = _load_recipe(body.recipe)
+    # Syntax first, then every value the recipe names against the catalog at its pin.
+    check = check_recipe(services.catalog, recipe)
     return RecipeValidatePublic(
         valid=True,
         name=recipe.name,
         sha256=recipe.sha256(),
         recipe=recipe.model_dump(mode="json"),
+        pin=check.pin.to_dict(),
     )
 
 

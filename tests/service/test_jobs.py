@@ -230,17 +230,38 @@ def test_bad_recipes_start_no_job(cut_client: TestClient) -> None:
     assert_error(cut_client.get("/v1/jobs", params={"state": "exploded"}), 422)
 
 
-def test_recipe_validation_endpoint(cut_client: TestClient) -> None:
+def test_recipe_validation_endpoint(cut_client: TestClient, world: World) -> None:
     from materializer.recipe import load_recipe
 
-    body = cut_client.post("/v1/recipes:validate", json={"recipe": RECIPE.read_text()}).json()
-    assert body["valid"] is True and body["name"] == "warmup-256p"
-    assert body["sha256"] == load_recipe(RECIPE).sha256()
+    r = cut_client.post("/v1/recipes:validate", json={"recipe": REAL_RECIPE})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["valid"] is True and body["name"] == "svc-real-cut"
+    assert body["sha256"] == load_recipe(REAL_RECIPE).sha256()
+    assert body["pin"] == world.catalog.pin().to_dict()
     assert_error(
         cut_client.post("/v1/recipes:validate", json={"recipe": {"seed": -1}}),
         422,
         "invalid_recipe",
     )
+    # Well formed, but checked against the catalog: this one names a tokenizer the
+    # world's latents do not have, and the error says which ones it has.
+    error = assert_error(
+        cut_client.post("/v1/recipes:validate", json={"recipe": RECIPE.read_text()}),
+        422,
+        "invalid_recipe",
+    )
+    assert error["details"]["path"] == "tokenizer_version"
+    assert error["details"]["value"] == "vae-8x8x4-c16-v1"
+    assert error["details"]["known"] == ["vae-v1"]
+    typo = {
+        **REAL_RECIPE,
+        "streams": [*REAL_RECIPE["streams"], {"name": "c", "where": "source = 'stock-c'"}],
+    }
+    error = assert_error(
+        cut_client.post("/v1/recipes:validate", json={"recipe": typo}), 422, "invalid_recipe"
+    )
+    assert error["details"]["path"] == "streams[2].where"
 
 
 REAL_RECIPE: dict[str, Any] = {
