@@ -284,6 +284,39 @@ def cut(
     _emit(record.snapshot, as_json, _render_snapshot)
 
 
+@app.command()
+def validate(
+    recipe: Annotated[Path, typer.Argument(help="Recipe file (YAML or JSON).")],
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check a recipe without cutting: its syntax, then every value it names (embedding
+    models, filters, caption versions, rungs, tokenizer, stream predicates, eval
+    embedding coverage) against the catalog at its pin. Exits 2 naming the first
+    unknown value and the known ones."""
+    from materializer.recipe import load_recipe
+
+    if not recipe.is_file():
+        raise InvalidInput(f"{recipe}: no such file", path=str(recipe))
+    parsed = load_recipe(recipe)
+    if url:
+        body = {"recipe": json.loads(parsed.to_canonical_json())}
+        result = _Client(url, token).call("POST", "/v1/recipes:validate", json=body)
+        result.pop("recipe", None)
+    else:
+        from materializer.validate import check_recipe
+
+        check = check_recipe(_lake().catalog, parsed)
+        result = {
+            "valid": True,
+            "name": parsed.name,
+            "sha256": parsed.sha256(),
+            "pin": check.pin.to_dict(),
+        }
+    _emit(result, as_json, lambda r: out.print(f"[green]valid[/green] {r['name']} {r['sha256']}"))
+
+
 def _cut_remote(client: _Client, recipe: Any, *, progress: bool) -> Any:
     import time
 

@@ -74,3 +74,20 @@ def test_bad_input_is_one_clean_line_and_exit_2(home: Path, tmp_path: Path) -> N
 
     unknown = _vidlake(home, "ingest", "nosuchtable", str(RECIPE))
     assert unknown.returncode == 2 and "unknown table" in unknown.stderr
+
+
+def test_validate_checks_the_recipe_against_the_catalog(home: Path, tmp_path: Path) -> None:
+    ok = _vidlake(home, "validate", str(RECIPE), "--json")
+    assert ok.returncode == 0, ok.stderr
+    body = json.loads(ok.stdout)
+    assert body["valid"] is True and body["pin"]["embeddings/siglip-demo-v1"] >= 1
+
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(
+        RECIPE.read_text().replace(
+            "embedding_model: siglip-demo-v1", "embedding_model: siglip-demo-vl", 1
+        )
+    )
+    bad = _vidlake(home, "validate", str(typo))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "siglip-demo-vl" in bad.stderr and "siglip-demo-v1" in bad.stderr
