@@ -268,3 +268,42 @@ def test_one_table_per_model_version(tmp_path: Path) -> None:
     assert (a.count(), a.dim, b.count(), b.dim) == (1, 8, 2, 3)
     with pytest.raises(InvalidInput):
         a.count("holdout")
+
+
+# -- versions: what a pin records and a cut reads ----------------------------------------
+def test_a_pinned_index_reads_exactly_its_version(tmp_path: Path) -> None:
+    from catalog.embeddings import current_versions, list_models
+    from catalog.errors import NotFound
+
+    rng = np.random.default_rng(3)
+    index = EmbeddingIndex(tmp_path, "clipemb-dec")
+    assert index.version is None and current_versions(tmp_path, ["clipemb-dec"]) == {
+        "clipemb-dec": None
+    }
+    index.add(["a", "b"], ["A", "B"], ["train", "eval"], rng.standard_normal((2, DIM)))
+    v1 = index.version
+    assert v1 is not None and current_versions(tmp_path, ["clipemb-dec"]) == {"clipemb-dec": v1}
+    index.add(["c"], ["C"], ["eval"], rng.standard_normal((1, DIM)))
+    assert index.version is not None and index.version > v1
+
+    pinned = index.at(v1)
+    assert pinned.version == v1 and pinned.count() == 2 and index.count() == 3
+    assert pinned.clip_ids("eval").to_pylist() == ["b"]
+    assert sorted(index.clip_ids().to_pylist()) == ["a", "b", "c"]
+    assert pinned.vectors(["a", "b", "c"])[0] == ["a", "b"]
+    assert set(pinned.pairs_within(["a"], 2.0, against_split="eval")["other_id"].to_pylist()) == {
+        "b"
+    }
+    again = pickle.loads(pickle.dumps(pinned))
+    assert again.pinned_version == v1 and again.count() == 2
+    with pytest.raises(InvalidInput, match="pinned"):
+        pinned.add(["d"], ["D"], ["train"], rng.standard_normal((1, DIM)))
+    with pytest.raises(NotFound, match="no LanceDB version 999"):
+        index.at(999).count()
+    with pytest.raises(NotFound, match="no LanceDB table"):
+        EmbeddingIndex(tmp_path, "clipemb-dek", version=1).count()
+    with pytest.raises(InvalidInput):
+        EmbeddingIndex(tmp_path, "clipemb-dec", version=0)
+    assert list_models(tmp_path) == ["clipemb-dec"]
+    EmbeddingIndex(tmp_path, "a/b model").add(["z"], ["Z"], ["train"], np.ones((1, DIM)))
+    assert list_models(tmp_path) == ["a/b model", "clipemb-dec"]

@@ -217,6 +217,33 @@ ERRORS = [
         "unknown table",
     ),
     (_set("catalog_pin", dict.fromkeys(PIN_TABLES, "1")), "catalog_pin.assets", "64-bit integer"),
+    (
+        _set("catalog_pin", {**dict.fromkeys(PIN_TABLES, 1), "embeddings/siglip-so400m-v1": 0}),
+        "catalog_pin.embeddings/siglip-so400m-v1",
+        "integer >= 1",
+    ),
+    (
+        _set("catalog_pin", {**dict.fromkeys(PIN_TABLES, 1), "embeddings/": 3}),
+        "catalog_pin.embeddings/",
+        "names no embedding model",
+    ),
+    (
+        _set(
+            "catalog_pin",
+            {
+                **dict.fromkeys(PIN_TABLES, 1),
+                "embeddings/siglip-so400m-v1": 3,
+                "embeddings/siglip-so400m-v2": 3,
+            },
+        ),
+        "catalog_pin.embeddings/siglip-so400m-v2",
+        "reads no embeddings of 'siglip-so400m-v2'",
+    ),
+    (
+        _set("exclusions.eval_near_duplicates.min_eval_coverage", 1.5),
+        "exclusions.eval_near_duplicates.min_eval_coverage",
+        "less than or equal to 1",
+    ),
     (_set("seed", True), "seed", "integer"),
     (_set("seed", -1), "seed", "greater than or equal to 0"),
     (_set("seed", 2**64), "seed", "less than"),
@@ -694,3 +721,20 @@ def test_corrupted_recipes_raise_invalid_recipe_only(
         assert err.message
         return
     assert load_recipe(r.to_canonical_json()).sha256() == r.sha256()
+
+
+def test_an_explicit_pin_may_name_embedding_versions() -> None:
+    pin = {**dict.fromkeys(PIN_TABLES, 11), "embeddings/siglip-so400m-v1": 4}
+    r = load_recipe({**_raw(), "catalog_pin": pin})
+    assert r.embedding_models() == ("siglip-so400m-v1",)
+    assert dict(r.catalog_pin) == pin
+    assert load_recipe(json.loads(r.to_canonical_json())).sha256() == r.sha256()
+    # A pin from before pins covered embeddings still loads (the cut reads the latest).
+    assert load_recipe({**_raw(), "catalog_pin": dict.fromkeys(PIN_TABLES, 11)}).catalog_pin
+    # The eval coverage threshold defaults to every eval clip, and may be lowered.
+    excl = load_recipe(_raw()).exclusions.eval_near_duplicates
+    assert excl is not None and excl.min_eval_coverage == 1.0
+    data = _raw()
+    data["exclusions"]["eval_near_duplicates"]["min_eval_coverage"] = 0.99
+    lowered = load_recipe(data).exclusions.eval_near_duplicates
+    assert lowered is not None and lowered.min_eval_coverage == 0.99
