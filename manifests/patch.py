@@ -136,9 +136,7 @@ def patch(
             earlier_excluded = pq.read_table(
                 registry.artifact_path(version, EXCLUDED_NAME, work / "old")
             )
-        _write_excluded(
-            work / EXCLUDED_NAME, excluded, excluded_clips, reason, earlier_excluded
-        )
+        _write_excluded(work / EXCLUDED_NAME, excluded, excluded_clips, reason, earlier_excluded)
         uploaded = registry.upload_artifacts(
             {
                 "manifest.parquet": refs["manifest.parquet"],

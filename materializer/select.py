@@ -427,7 +427,9 @@ def _embedding_drops(
     dd = recipe.semantic_dedup
     if dd is not None and table.num_rows:
         clips = _one_row_per_clip(table, f"score_{dd.rank_by}")
-        index = catalog.embeddings(dd.embedding_model, version=pin.embeddings.get(dd.embedding_model))
+        index = catalog.embeddings(
+            dd.embedding_model, version=pin.embeddings.get(dd.embedding_model)
+        )
         dropped = semdedup(
             index,
             clips["clip_id"].to_pylist(),

@@ -98,12 +98,13 @@ class CatalogCheck:
 class _Problems:
     errors: list[dict[str, Any]] = field(default_factory=list)
 
-    def unknown(self, path: str, what: str, value: str, known: Any) -> None:
+    def unknown(self, path: str, what: str, value: str, known: Any, of: str = "") -> None:
         names = sorted(known)
         shown = ", ".join(repr(k) for k in names[:_SHOWN]) or "none"
         if len(names) > _SHOWN:
             shown += f", … ({len(names)} in all)"
-        self.add(path, f"unknown {what} {value!r} at the catalog pin (known: {shown})", value, names)
+        message = f"unknown {what} {value!r}{of} at the catalog pin (known: {shown})"
+        self.add(path, message, value, names)
 
     def add(self, path: str, message: str, value: Any = None, known: Any = None) -> None:
         self.errors.append({"path": path, "message": message, "value": value, "known": known})
@@ -243,9 +244,10 @@ def _check_latents(recipe: Recipe, known: KnownValues, problems: _Problems) -> N
         if phase.rung not in rungs:
             problems.unknown(
                 f"phases[{i}].rung",
-                f"rung (tokenizer {recipe.tokenizer_version!r})",
+                "rung",
                 phase.rung,
                 rungs,
+                f" for tokenizer {recipe.tokenizer_version!r}",
             )
 
 
@@ -258,7 +260,7 @@ def _check_scores(recipe: Recipe, known: KnownValues, problems: _Problems) -> No
             problems.unknown(f"{where}[{i}].name", "filter name", name, known.scores)
         elif version not in versions:
             problems.unknown(
-                f"{where}[{i}].version", f"version of filter {name!r}", version, versions
+                f"{where}[{i}].version", "version", version, versions, f" of filter {name!r}"
             )
 
 
@@ -273,9 +275,10 @@ def _check_captions(recipe: Recipe, known: KnownValues, problems: _Problems) -> 
         if kind not in kinds:
             problems.unknown(
                 f"captions.kinds[{j}]",
-                f"caption kind (version {recipe.captions.version!r})",
+                "caption kind",
                 kind,
                 kinds,
+                f" for caption version {recipe.captions.version!r}",
             )
 
 
@@ -325,15 +328,14 @@ def _check_coverage(
     excl = recipe.exclusions.eval_near_duplicates
     if excl is None or excl.embedding_model not in usable:
         return None
-    from pyiceberg.expressions import EqualTo
-
     clips = catalog.scan(
-        "clips", pin, columns=["clip_id"], row_filter=EqualTo("split", "eval"), include_eval=True
+        "clips", pin, columns=["clip_id"], row_filter="split == 'eval'", include_eval=True
     )
     eval_ids = pc.unique(clips["clip_id"]).cast(pa.string())
     version = pin.embeddings.get(excl.embedding_model)
     have = catalog.embeddings(excl.embedding_model, version=version).clip_ids()
-    with_vectors = int(pc.sum(pc.cast(pc.is_in(eval_ids, value_set=have), pa.int64())).as_py() or 0)
+    # Hash the (small) eval set, not the table's ids; a table holds each clip once.
+    with_vectors = int(pc.sum(pc.cast(pc.is_in(have, value_set=eval_ids), pa.int64())).as_py() or 0)
     found = Coverage(excl.embedding_model, version, len(eval_ids), with_vectors)
     if found.coverage < excl.min_eval_coverage:
         problems.add(
