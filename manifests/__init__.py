@@ -5,7 +5,7 @@ See ``docs/snapshots.md`` for the publication protocol and its failure cases.
 
 from __future__ import annotations
 
-from manifests.patch import SKIPPED_NAME, patch
+from manifests.patch import EXCLUDED_NAME, SKIPPED_NAME, patch
 from manifests.registry import (
     ArtifactRef,
     Pin,
@@ -18,6 +18,7 @@ from manifests.registry import (
 )
 
 __all__ = [
+    "EXCLUDED_NAME",
     "SKIPPED_NAME",
     "ArtifactRef",
     "Pin",

@@ -256,3 +256,25 @@ def test_the_check_is_vectorised_over_distinct_values(
 def _mkdir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def test_decontamination_uses_the_catalogs_eval_split_not_the_embedding_tables(
+    lake: tuple[VidlakeCatalog, CorpusSummary], tmp_path: Path
+) -> None:
+    catalog, summary = lake
+    # Same vectors, but the producer labelled every row 'train'.
+    src = catalog.embeddings(MODEL)
+    clips = catalog.scan("clips", columns=["clip_id", "asset_id"], include_eval=True)
+    found, vectors = src.vectors(clips["clip_id"].to_pylist())
+    asset = dict(zip(*(c.to_pylist() for c in clips.columns), strict=True))
+    catalog.embeddings("clipemb-mislabelled").add(
+        found, [asset[c] for c in found], ["train"] * len(found), vectors
+    )
+    field = "exclusions.eval_near_duplicates.embedding_model"
+    _, snap = build_artifacts(
+        catalog, load_recipe(_demo(**{field: "clipemb-mislabelled"})), _mkdir(tmp_path / "c")
+    )
+    _, reference = build_artifacts(catalog, load_recipe(_demo()), _mkdir(tmp_path / "r"))
+    assert snap["decontamination"]["coverage"] == 1.0
+    assert snap["drops"]["eval_near_duplicate"] == reference["drops"]["eval_near_duplicate"] > 0
+    assert summary.eval_bleed_clip[0]
