@@ -77,8 +77,17 @@ def decontaminate(
         eval_ids: Every eval clip of the catalog at the pin (unique).
         max_distance: Cosine distance threshold (inclusive).
     """
-    found, vectors = index.vectors(train_ids)
-    eval_found, eval_vectors = index.vectors(eval_ids)
+    # One read of the table for both sets (a large id set is a full scan).
+    evals = sorted(set(eval_ids))
+    eval_set = set(evals)
+    train = [c for c in train_ids if c not in eval_set]
+    ids, both = index.vectors([*train, *evals])
+    # ``vectors`` keeps the order asked, so the train clips found come first and the
+    # eval clips found are among the last ``len(evals)``.
+    tail = ids[max(0, len(ids) - len(evals)) :]
+    k = len(ids) - sum(1 for c in tail if c in eval_set)
+    found, vectors = ids[:k], both[:k]
+    eval_found, eval_vectors = ids[k:], both[k:]
     dropped: frozenset[str] = frozenset()
     if found and eval_found:
         pairs = pairs_within_vectors(
@@ -87,9 +96,9 @@ def decontaminate(
         dropped = frozenset(pairs["clip_id"].to_pylist())
     return Decontamination(
         dropped=dropped,
-        eval_clips=len(eval_ids),
+        eval_clips=len(evals),
         eval_clips_with_vectors=len(eval_found),
-        train_clips=len(train_ids),
+        train_clips=len(train),
         train_clips_checked=len(found),
     )
 
