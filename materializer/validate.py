@@ -24,8 +24,9 @@ the pin must have a vector of the model (an eval clip without one is never check
 against). Every problem is collected; one :class:`~catalog.errors.InvalidRecipe`
 names the first (``path``, ``value``, ``known``) and lists all in ``errors``.
 
-Distinct values come from DuckDB over narrow Arrow scans of the pinned tables (two
-columns each), so the check costs a few column scans, not a cut. The stream check
+Distinct values come from Arrow hash group-bys over narrow scans of the pinned tables
+(two columns each, batch by batch), so the check costs a few column scans, not a cut;
+LanceDB is opened only when the recipe names an embedding model. The stream check
 runs the cut's candidate query (:func:`materializer.select.stream_match_counts`);
 a cut does it inside selection instead (``streams=False`` here).
 """
@@ -36,7 +37,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -60,7 +60,8 @@ class KnownValues:
         scores: filter_name -> its filter_versions.
         captions: caption_version -> its kinds.
         latents: tokenizer_version -> its rungs.
-        embedding_models: Embedding model versions with a LanceDB table.
+        embedding_models: Embedding model versions with a LanceDB table (empty when
+            the check did not need them: the recipe names none).
     """
 
     scores: Mapping[str, tuple[str, ...]]
@@ -163,7 +164,7 @@ def check_recipe(
     problems = _Problems()
     _check_snapshots(catalog, recipe, pin, problems)
     problems.raise_any()  # nothing below can be read at a pin that does not exist
-    known = known_values(catalog, pin)
+    known = known_values(catalog, pin, embeddings=bool(recipe.embedding_models()))
     _check_latents(recipe, known, problems)
     _check_scores(recipe, known, problems)
     _check_captions(recipe, known, problems)
@@ -187,33 +188,38 @@ def check_recipe(
     return CatalogCheck(pin=pin, known=known, coverage=coverage, streams=counts)
 
 
-def known_values(catalog: VidlakeCatalog, pin: Pin) -> KnownValues:
-    """Distinct score, caption and latent versions at ``pin``, and embedding models."""
-    from catalog.embeddings import list_models
+def known_values(catalog: VidlakeCatalog, pin: Pin, *, embeddings: bool = True) -> KnownValues:
+    """Distinct score, caption and latent versions at ``pin``, and (unless
+    ``embeddings`` is false) the embedding models LanceDB holds."""
+    models: tuple[str, ...] = ()
+    if embeddings:
+        from catalog.embeddings import list_models
 
+        models = tuple(list_models(catalog.config.lance))
     return KnownValues(
         scores=_grouped(catalog, "scores", pin, "filter_name", "filter_version"),
         captions=_grouped(catalog, "captions", pin, "caption_version", "kind"),
         latents=_grouped(catalog, "latents", pin, "tokenizer_version", "rung"),
-        embedding_models=tuple(list_models(catalog.config.lance)),
+        embedding_models=models,
     )
 
 
 def _grouped(
     catalog: VidlakeCatalog, table: str, pin: Pin, key: str, value: str
 ) -> dict[str, tuple[str, ...]]:
-    """``{key: sorted distinct values}`` over a pinned table, by DuckDB over Arrow."""
+    """``{key: sorted distinct values}`` over a pinned table: an Arrow hash group-by
+    per record batch (memory bounded by a batch), then one over the small results."""
     reader = catalog.scan_batches(table, pin, columns=[key, value], include_eval=True)
-    con = duckdb.connect(":memory:", config={"threads": 2})
-    try:
-        con.register("t", reader)
-        rows = con.sql(
-            f'SELECT "{key}", list(DISTINCT "{value}" ORDER BY "{value}") FROM t '
-            f'WHERE "{key}" IS NOT NULL AND "{value}" IS NOT NULL GROUP BY 1 ORDER BY 1'
-        ).fetchall()
-    finally:
-        con.close()
-    return {str(k): tuple(str(v) for v in vs) for k, vs in rows}
+    parts = [
+        pa.Table.from_batches([batch]).group_by([key, value]).aggregate([]) for batch in reader
+    ]
+    rows: dict[str, set[str]] = {}
+    if parts:
+        pairs = pa.concat_tables(parts).group_by([key, value]).aggregate([])
+        for k, v in zip(pairs[key].to_pylist(), pairs[value].to_pylist(), strict=True):
+            if k is not None and v is not None:
+                rows.setdefault(str(k), set()).add(str(v))
+    return {k: tuple(sorted(rows[k])) for k in sorted(rows)}
 
 
 def _check_snapshots(
