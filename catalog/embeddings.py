@@ -336,15 +336,7 @@ class EmbeddingIndex:
 
     def _connect(self) -> Any:
         if self._db is None:
-            try:
-                import lancedb
-            except ImportError as exc:  # pragma: no cover - part of vidlake[service]
-                raise NotInstalled(
-                    "embeddings need lancedb: pip install 'vidlake[service]'"
-                ) from exc
-            # Zero interval: every read sees other processes' commits (a cut must not
-            # miss embeddings an ingest job just wrote).
-            self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
+            self._db = _connect(self.uri)
         return self._db
 
     def _open(self, create_dim: int | None = None) -> Any:
@@ -505,7 +497,13 @@ def _checkout(table: Any, model_version: str, version: int) -> None:
 
 
 def _connect(uri: str) -> Any:
-    return EmbeddingIndex(uri, "v")._connect()
+    try:
+        import lancedb
+    except ImportError as exc:  # pragma: no cover - part of vidlake[service]
+        raise NotInstalled("embeddings need lancedb: pip install 'vidlake[service]'") from exc
+    # Zero interval: every read sees other processes' commits (a cut must not miss
+    # embeddings an ingest job just wrote).
+    return lancedb.connect(uri, read_consistency_interval=timedelta(0))
 
 
 def _table_names(db: Any) -> list[str]:
