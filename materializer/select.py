@@ -42,7 +42,14 @@ from materializer.recipe import Recipe
 if TYPE_CHECKING:
     from catalog.catalog import Pin, VidlakeCatalog
 
-__all__ = ["Selection", "check_pools", "phase_mask", "select", "stream_match_counts"]
+__all__ = [
+    "Selection",
+    "check_pools",
+    "check_stream_matches",
+    "phase_mask",
+    "select",
+    "stream_match_counts",
+]
 
 Progress = Callable[[str, float], None]
 
@@ -154,13 +161,20 @@ def _match_counts(table: pa.Table, num_streams: int) -> list[int]:
 
 def _check_stream_matches(recipe: Recipe, table: pa.Table) -> pa.Table:
     """Refuse a stream whose predicate matches no train candidate; drop the flags."""
-    counts = _match_counts(table, len(recipe.streams))
+    check_stream_matches(recipe, _match_counts(table, len(recipe.streams)))
+    return table.drop_columns([f"_match_{i}" for i in range(len(recipe.streams))])
+
+
+def check_stream_matches(recipe: Recipe, counts: list[int]) -> None:
+    """Raise :class:`InvalidRecipe` (``streams[i].where``) for every stream whose
+    predicate matched no train candidate (``counts`` from :func:`stream_match_counts`)."""
     empty = [i for i, n in enumerate(counts) if n == 0]
     errors = [
         {
             "path": f"streams[{i}].where",
             "message": f"stream {recipe.streams[i].name!r}: the predicate "
             f"{recipe.streams[i].where!r} matches no train clip at the catalog pin",
+            "value": recipe.streams[i].where,
         }
         for i in empty
     ]
@@ -169,10 +183,10 @@ def _check_stream_matches(recipe: Recipe, table: pa.Table) -> pa.Table:
         raise InvalidRecipe(
             f"{errors[0]['path']}: {errors[0]['message']}{more}",
             path=errors[0]["path"],
-            value=recipe.streams[empty[0]].where,
+            value=errors[0]["value"],
+            known=None,
             errors=errors,
         )
-    return table.drop_columns([f"_match_{i}" for i in range(len(recipe.streams))])
 
 
 # -- scans ----------------------------------------------------------------------------

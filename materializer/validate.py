@@ -173,18 +173,11 @@ def check_recipe(
     problems.raise_any()
     counts = None
     if streams:
-        from materializer.select import stream_match_counts
+        from materializer.select import check_stream_matches, stream_match_counts
 
-        counts = tuple(stream_match_counts(catalog, recipe, pin))
-        for i, (stream, n) in enumerate(zip(recipe.streams, counts, strict=True)):
-            if n == 0:
-                problems.add(
-                    f"streams[{i}].where",
-                    f"stream {stream.name!r}: the predicate {stream.where!r} matches no "
-                    "train clip at the catalog pin",
-                    stream.where,
-                )
-        problems.raise_any()
+        found = stream_match_counts(catalog, recipe, pin)
+        check_stream_matches(recipe, found)
+        counts = tuple(found)
     return CatalogCheck(pin=pin, known=known, coverage=coverage, streams=counts)
 
 
