@@ -12,8 +12,12 @@ dependent sort ties. Per phase (docs/plan.md derives every bound quoted here):
    Huffman tree of two-way splits (house-monotone, so never a negative count, and a
    closed form of the cumulative count, so vectorised across steps).
 3. **Rows.** Each (stream, bucket) pool walks seeded permutations of its rows, a fresh
-   one per epoch, only when the previous is exhausted; rows are then shuffled within
-   the step so that every rank's contiguous slice carries the mixture.
+   one per epoch, only when the previous is exhausted; where an epoch starts inside a
+   step, the old epoch's rows already in the step are deferred in the new one
+   (:mod:`materializer.plan_draw`), so no step holds a row twice unless a pool is
+   smaller than its per-step quota, which a phase must allow explicitly. Rows are
+   then shuffled within the step so that every rank's contiguous slice carries the
+   mixture.
 
 Randomness is counter based (splitmix64 of (seed, purpose, coordinates)), so the
 output does not depend on how steps are chunked, and every sort key is unique.

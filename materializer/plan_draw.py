@@ -94,16 +94,25 @@ def defer_tails(perms: Int64s, prev: Int64s, first: int, bounds: Boundaries) -> 
     # boundary may in turn reach into its successor's tail.
     linked = np.r_[False, rows[1:] == rows[:-1] + 1]
     redo = np.flatnonzero(linked & (np.r_[0, extent[:-1]] > a)).tolist()
+    if not redo:
+        return
+    rows_, a_, h_, linked_, ext = (
+        rows.tolist(),
+        a.tolist(),
+        h.tolist(),
+        linked.tolist(),
+        extent.tolist(),
+    )
     j = 0
     while j < len(redo):
         i = redo[j]
         while True:
-            perm = perms[rows[i]]
+            r = rows_[i]
+            perm = perms[r]
             perm[:width] = generated[i]
-            before = perms[rows[i] - 1] if rows[i] else prev
-            extent[i] = _partition_one(perm, before, int(a[i]), int(h[i]))
+            ext[i] = _partition_one(perm, perms[r - 1] if r else prev, a_[i], h_[i])
             i += 1
-            if i == len(rows) or not linked[i] or extent[i - 1] <= a[i]:
+            if i == len(rows_) or not linked_[i] or ext[i - 1] <= a_[i]:
                 break
         while j < len(redo) and redo[j] < i:
             j += 1
@@ -118,10 +127,10 @@ def _partition(
     width = int(min(n, int((n - a + h).max())))  # the prefix never reaches past L + h
     lengths = n - a
     owner = np.repeat(np.arange(nb), lengths)
-    # Flat positions of every tail in [prev, perms...]: epoch rows[i] - 1, from a[i] on.
-    start = rows * n + a
-    at = np.arange(int(lengths.sum())) + np.repeat(start - (np.cumsum(lengths) - lengths), lengths)
-    values = np.concatenate((prev, perms.reshape(-1)))[at]
+    # Every tail: epoch rows[i] - 1 (prev for rows[i] == 0) from position a[i] on.
+    col = np.arange(int(lengths.sum())) + np.repeat(a - (np.cumsum(lengths) - lengths), lengths)
+    at = np.repeat((rows - 1) * n, lengths) + col
+    values = np.where(at >= 0, perms.reshape(-1)[np.maximum(at, 0)], prev[col])
     tail = np.zeros(nb * n, dtype=bool)  # tail[i * n + v]: row v is in boundary i's step
     tail[owner * n + values] = True
     head = perms[rows, :width]
@@ -136,12 +145,11 @@ def _partition(
 
 def _partition_one(perm: Int64s, before: Int64s, a: int, h: int) -> int:
     """:func:`_partition` of one boundary, in place on ``perm``; returns the extent."""
-    n = perm.size
-    tail = np.zeros(n, dtype=bool)
+    tail = np.zeros(perm.size, dtype=bool)
     tail[before[a:]] = True
-    head = perm[: min(n, n - a + h)]
+    head = perm[: perm.size - a + h]
     in_tail = tail[head]
-    extent = int(np.flatnonzero(~in_tail)[min(h, a) - 1]) + 1
-    part, inside = head[:extent].copy(), in_tail[:extent]
-    perm[:extent] = np.concatenate((part[~inside], part[inside]))
+    fresh = ~in_tail
+    extent = int(fresh.nonzero()[0][(h if h < a else a) - 1]) + 1
+    perm[:extent] = np.concatenate((head[:extent][fresh[:extent]], head[:extent][in_tail[:extent]]))
     return extent

@@ -346,6 +346,24 @@ def test_epoch_boundary_inside_a_step_repeats_no_row() -> None:
     assert steps == 400
 
 
+def test_a_draw_above_the_quota_is_refused_while_generating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Belt and braces: were step_quota ever below a real draw, generation refuses the
+    step rather than repeat a row, and write_plan leaves no file."""
+    import materializer.plan as plan
+
+    monkeypatch.setattr(plan._Apportioner, "max_increments", lambda self, batch: [1] * self._n)
+    i = np.arange(3)  # a step draws 4 from these 3 rows; the patched quota says 1
+    pool = Pool(i, np.zeros_like(i), np.zeros_like(i), 1 + i)
+    spec = PhaseSpec(0, pool, {0: 4}, {0: 1}, num_steps=3)
+    assert plan_layout(spec).step_quota == {0: {0: 1}}
+    with pytest.raises(InvalidRecipe) as err:
+        write_plan(tmp_path / "plan.arrow", [spec], seed=1)
+    assert err.value.details["pools"] == [{"stream": 0, "bucket": 0, "pool_size": 3, "quota": 4}]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_step_quota_bounds_every_step() -> None:
     """step_quota bounds what any step draws from a pool; with two streams in a bucket
     (one split of the quota tree) it is exactly the largest draw."""
@@ -426,6 +444,7 @@ def test_rank_multiple_must_divide_every_batch() -> None:
         ({}, "phases[0]"),
         ({"num_steps": 0}, "phases[0].num_steps"),
         ({"num_steps": 2, "rank_multiple": 0}, "phases[0].rank_multiple"),
+        ({"num_steps": 2, "allow_repeats_in_step": 1}, "phases[0].allow_repeats_in_step"),
     ],
 )
 def test_phase_spec_rejects_nonsense(kwargs: dict[str, int], path: str) -> None:

@@ -100,3 +100,22 @@ def test_boundaries_are_strictly_inside_two_epoch_steps() -> None:
     later = step_boundaries(32, np.array([4]), n)  # continues a walk mid-epoch
     assert later.epoch.tolist() == [7] and later.tail_start.tolist() == [2]
     assert later.head.tolist() == [1]
+
+
+def test_long_chains_of_dependent_boundaries() -> None:
+    """Pools barely larger than a step's draw (n < 2c): nearly every boundary reads the
+    one before it, in long runs broken here and there; one pass with redos equals
+    one boundary at a time."""
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        n = int(rng.integers(3, 30))
+        c = rng.integers(max(1, n // 2), n + 1, size=int(rng.integers(20, 200))).astype(np.int64)
+        epochs = -(-int(c.sum()) // n)
+        base = _epochs(rng, n, epochs)
+        bounds = step_boundaries(0, c, n)
+        together = base.copy()
+        defer_tails(together[1:], together[0], 1, bounds.select(1, epochs))
+        single = base.copy()
+        for e in bounds.epoch.tolist():
+            defer_tails(single[e : e + 1], single[e - 1], e, bounds.select(e, e + 1))
+        assert np.array_equal(together, single), (n, c.tolist())
