@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from catalog.errors import InvalidInput
+from catalog.errors import InvalidInput, InvalidRecipe
 from loader.format import FORMAT_VERSION, INDEX_SCHEMA
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
 from materializer.recipe import Recipe
@@ -142,7 +142,7 @@ def build_artifacts(
     report("plan", 0.0)
     phases = _phase_specs(recipe, samples)
     plan_path = out / "plan.arrow"
-    summary = write_plan(plan_path, phases, recipe.seed, num_streams=len(recipe.streams))
+    summary = _write_plan(plan_path, recipe, phases)
     report("plan", 1.0)
 
     report("index", 0.0)
@@ -162,6 +162,7 @@ def build_artifacts(
 
     snapshot = _snapshot_doc(recipe, pin, selection, samples, summary)
     snapshot.update(_embedding_facts(recipe, pin, selection))
+    _record_repeats(snapshot, summary)
     artifacts = {
         "manifest.parquet": manifest_path,
         "plan.arrow": plan_path,
@@ -228,9 +229,50 @@ def _phase_specs(recipe: Recipe, samples: pa.Table) -> list[PhaseSpec]:
                 num_steps=phase.steps,
                 token_budget=phase.token_budget,
                 rank_multiple=phase.rank_multiple,
+                allow_repeats_in_step=phase.allow_repeats_in_step,
             )
         )
     return specs
+
+
+def _write_plan(path: Path, recipe: Recipe, phases: list[PhaseSpec]) -> PlanSummary:
+    """``plan.arrow``; a pool too small for its per-step quota is named as the recipe
+    names it (the plan knows streams and buckets by number)."""
+    try:
+        return write_plan(path, phases, recipe.seed, num_streams=len(recipe.streams))
+    except InvalidRecipe as exc:
+        if "pools" not in exc.details:
+            raise
+        i = exc.details["phase"]
+        phase, keys = recipe.phases[i], recipe.buckets.bucket_keys()
+        names = [s.name for s in recipe.streams]
+        pools = [
+            {**p, "stream": names[p["stream"]], "bucket": keys[p["bucket"]]}
+            for p in exc.details["pools"]
+        ]
+        first = pools[0]
+        more = f" (and {len(pools) - 1} more pools)" if len(pools) > 1 else ""
+        raise InvalidRecipe(
+            f"phases[{i}] ({phase.name}): stream {first['stream']!r} has {first['pool_size']} "
+            f"samples in bucket {first['bucket']} at rung {phase.rung} but a step of that "
+            f"bucket draws up to {first['quota']} of them{more}, so a step would hold a "
+            "sample twice; add samples, lower the stream's weight or the bucket's global "
+            "batch, or set allow_repeats_in_step: true on the phase",
+            path=f"phases[{i}].allow_repeats_in_step",
+            phase=phase.name,
+            stream=first["stream"],
+            bucket=first["bucket"],
+            pool_size=first["pool_size"],
+            quota=first["quota"],
+            pools=pools,
+        ) from exc
+
+
+def _record_repeats(snapshot: dict[str, Any], summary: PlanSummary) -> None:
+    """Samples that repeat a row already in their step (only where a phase allows it)."""
+    snapshot["repeats_in_step"] = summary.repeats_in_step
+    for doc, detail in zip(snapshot["phases"], summary.phases, strict=True):
+        doc["repeats_in_step"] = detail.repeats_in_step
 
 
 def _index_table(recipe: Recipe, samples: pa.Table) -> pa.Table:

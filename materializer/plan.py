@@ -12,8 +12,12 @@ dependent sort ties. Per phase (docs/plan.md derives every bound quoted here):
    Huffman tree of two-way splits (house-monotone, so never a negative count, and a
    closed form of the cumulative count, so vectorised across steps).
 3. **Rows.** Each (stream, bucket) pool walks seeded permutations of its rows, a fresh
-   one per epoch, only when the previous is exhausted; rows are then shuffled within
-   the step so that every rank's contiguous slice carries the mixture.
+   one per epoch, only when the previous is exhausted; where an epoch starts inside a
+   step, the old epoch's rows already in the step are deferred in the new one
+   (:mod:`materializer.plan_draw`), so no step holds a row twice unless a pool is
+   smaller than its per-step quota, which a phase must allow explicitly. Rows are
+   then shuffled within the step so that every rank's contiguous slice carries the
+   mixture.
 
 Randomness is counter based (splitmix64 of (seed, purpose, coordinates)), so the
 output does not depend on how steps are chunked, and every sort key is unique.
@@ -39,6 +43,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from catalog.errors import InvalidInput, InvalidRecipe
 from loader.format import PLAN_SCHEMA
+from materializer.plan_draw import defer_tails, step_boundaries
 
 __all__ = [
     "DEFAULT_BATCH_ROWS",
@@ -239,7 +244,8 @@ class PhaseSpec:
     Exactly one of ``num_steps`` and ``token_budget`` ends the phase. Weights are
     normalised to sum to one; a stream with rows in the pool but no (or zero) weight is
     not sampled. In a token-budget phase the weights are shares of tokens, else of
-    samples.
+    samples. A pool smaller than the most rows a step draws from it is an error unless
+    ``allow_repeats_in_step``: only then may a step hold a row twice.
 
     Raises:
         InvalidRecipe: A field is out of range; ``path`` names it
@@ -253,6 +259,7 @@ class PhaseSpec:
     num_steps: int | None = None
     token_budget: int | None = None
     rank_multiple: int = 1
+    allow_repeats_in_step: bool = False
 
     def __post_init__(self) -> None:
         at = f"phases[{self.index}]"
@@ -264,6 +271,9 @@ class PhaseSpec:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value < 1):
                 raise InvalidRecipe(f"{at}.{name} must be a positive integer", path=f"{at}.{name}")
+        if not isinstance(self.allow_repeats_in_step, bool):
+            where = f"{at}.allow_repeats_in_step"
+            raise InvalidRecipe(f"{where} must be true or false", path=where)
         if not _is_int(self.rank_multiple) or self.rank_multiple < 1:
             raise InvalidRecipe(
                 f"{at}.rank_multiple must be a positive integer", path=f"{at}.rank_multiple"
@@ -404,6 +414,19 @@ class _Apportioner:
                 node = parent[node]
         self.bounds = bound
 
+    def max_increments(self, batch: int) -> list[int]:
+        """Per leaf, the most seats one step of ``batch`` seats can give it.
+
+        A lighter child's increment over a parent increment ``d`` is
+        ``floor(p * d)`` or ``ceil(p * d)`` (the heavier one gets the rest), so
+        propagating the parent's largest increment down the tree bounds every step.
+        """
+        top = {len(self._splits) + self._n - 1: batch}
+        for node, light, heavy, p in self._splits:
+            d = top.pop(node)
+            top[light], top[heavy] = math.ceil(p * d), d - math.floor(p * d)
+        return [top[leaf] for leaf in range(self._n)]
+
     def cumulative(self, seats: Int64s) -> Int64s:
         """Cumulative quota of each leaf for each cumulative seat count (len x n)."""
         values: dict[int, Int64s] = {len(self._splits) + self._n - 1: seats}
@@ -451,6 +474,8 @@ class PhaseLayout:
         share_bound: Per stream, the bound on ``|realized_k(t) - w_k * total(t)|`` over
             every prefix of the phase, in ``unit``.
         tokens_per_step: Expected tokens per step.
+        step_quota: The most rows one step draws from pool (stream, bucket), by
+            bucket then stream; a pool smaller than its quota repeats rows in a step.
     """
 
     unit: Literal["samples", "tokens"]
@@ -459,6 +484,7 @@ class PhaseLayout:
     stream_bucket_weights: Mapping[int, Mapping[int, float]]
     share_bound: Mapping[int, float]
     tokens_per_step: float
+    step_quota: Mapping[int, Mapping[int, int]]
 
 
 @dataclass
@@ -538,6 +564,13 @@ class _PhaseModel:
                 )
             )
         self.max_batch = max(bm.batch for bm in self.buckets)
+        self.quota = {
+            (k, bm.bucket): top
+            for bm in self.buckets
+            for k, top in zip(bm.streams, bm.apportioner.max_increments(bm.batch), strict=True)
+        }
+        if not spec.allow_repeats_in_step:
+            _check_quotas(spec.index, self.quota, {key: r.size for key, (r, _) in pools.items()})
         self.layout = PhaseLayout(
             unit=unit,
             stream_weights=MappingProxyType(dict(weights)),
@@ -545,6 +578,12 @@ class _PhaseModel:
             stream_bucket_weights=MappingProxyType({b: MappingProxyType(u[b]) for b in u}),
             share_bound=MappingProxyType(self._bounds(u)),
             tokens_per_step=self._tokens_per_step(u),
+            step_quota=MappingProxyType(
+                {
+                    bm.bucket: MappingProxyType({k: self.quota[(k, bm.bucket)] for k in bm.streams})
+                    for bm in self.buckets
+                }
+            ),
         )
 
     def _mean_tokens(self, k: int, b: int) -> float:
@@ -582,6 +621,30 @@ class _PhaseModel:
         return out
 
 
+def _check_quotas(
+    phase: int, quota: Mapping[tuple[int, int], int], size: Mapping[tuple[int, int], int]
+) -> None:
+    """A pool smaller than its per-step quota would put a row twice into one step."""
+    short = [(k, b, size[(k, b)], q) for (k, b), q in sorted(quota.items()) if size[(k, b)] < q]
+    if not short:
+        return
+    k, b, n, q = short[0]
+    more = f" (and {len(short) - 1} more pools)" if len(short) > 1 else ""
+    raise InvalidRecipe(
+        f"phases[{phase}]: the pool of stream {k} in bucket {b} has {n} rows but a step "
+        f"draws up to {q} from it{more}, so a step would hold a sample twice; add rows, "
+        "lower the stream's weight or the bucket's global batch, or set "
+        "allow_repeats_in_step",
+        path=f"phases[{phase}].allow_repeats_in_step",
+        phase=phase,
+        stream=k,
+        bucket=b,
+        pool_size=n,
+        quota=q,
+        pools=[{"stream": k, "bucket": b, "pool_size": n, "quota": q} for k, b, n, q in short],
+    )
+
+
 def _l1_center(values: list[float], weights: list[float]) -> float:
     """``min over lambda of sum_i weights_i * |values_i - lambda|``: the dual of
     ``max sum_i values_i * e_i`` subject to ``|e_i| <= weights_i`` and ``sum e_i = 0``."""
@@ -596,8 +659,9 @@ def plan_layout(phase: PhaseSpec) -> PhaseLayout:
     """Bucket shares, conditional stream weights and share bounds of ``phase``.
 
     Raises:
-        InvalidRecipe: A weighted stream has no rows, or a bucket with rows has no
-            global batch.
+        InvalidRecipe: A weighted stream has no rows, a bucket with rows has no
+            global batch, or (unless ``allow_repeats_in_step``) a pool is smaller than
+            its ``step_quota``.
         InvalidInput: The pool repeats a row.
     """
     return _PhaseModel(phase).layout
@@ -679,7 +743,9 @@ class StepChunk:
 
 class _PoolWalk:
     """One (stream, bucket) pool's walk: epoch ``e`` is the permutation sorting
-    ``mix(base + e*n + i)``; a new epoch starts only when the last is exhausted."""
+    ``mix(base + e*n + i)``, reordered where it starts inside a step so that the step
+    holds no row twice (:mod:`materializer.plan_draw`); a new epoch starts only when
+    the last is exhausted."""
 
     def __init__(self, rows: Int64s, tokens: Int64s, base: int) -> None:
         self.n = int(rows.size)
@@ -687,38 +753,37 @@ class _PoolWalk:
         self.base = np.uint64(base)
         self.drawn = 0
         self._cached = -1
-        self._cache: tuple[Int64s, Int64s] = (rows, tokens)
+        self._perm = np.arange(self.n, dtype=np.int64)  # epoch _cached as drawn
 
-    def _epochs(self, first: int, count: int) -> tuple[Int64s, Int64s]:
+    def _epochs(self, first: int, count: int) -> Int64s:
         n = self.n
         keys = np.arange(first, first + count, dtype=np.uint64)[:, None] * np.uint64(n)
         keys = keys + np.arange(n, dtype=np.uint64)[None, :]
         keys += self.base
-        order = np.argsort(_mix(keys), axis=1)
-        return self.rows[order].reshape(-1), self.tokens[order].reshape(-1)
+        return np.argsort(_mix(keys), axis=1)
 
-    def draw(self, count: int) -> tuple[Int64s, Int64s]:
-        n, start, stop = self.n, self.drawn, self.drawn + count
-        rows: list[Int64s] = []
-        tokens: list[Int64s] = []
+    def draw(self, counts: Int64s) -> tuple[Int64s, Int64s]:
+        """The rows (and their tokens) of consecutive steps drawing ``counts[i]`` each."""
+        n, start = self.n, self.drawn
+        stop = start + int(counts.sum())
+        bounds = step_boundaries(start, counts, n)
+        parts: list[Int64s] = []
         epoch, last = start // n, (stop - 1) // n
         while epoch <= last:
             if epoch == self._cached:
-                span, (r, t) = 1, self._cache
+                span, perms = 1, self._perm[None, :]
             else:
                 span = min(last - epoch + 1, max(1, _PERM_BLOCK // n))
-                r, t = self._epochs(epoch, span)
-                self._cached = epoch + span - 1
-                self._cache = (r[-n:], t[-n:])
+                perms = self._epochs(epoch, span)
+                defer_tails(perms, self._perm, epoch, bounds.select(epoch, epoch + span))
+                self._cached, self._perm = epoch + span - 1, perms[-1]
             lo = max(start - epoch * n, 0)
             hi = min(stop - epoch * n, span * n)
-            rows.append(r[lo:hi])
-            tokens.append(t[lo:hi])
+            parts.append(perms.reshape(-1)[lo:hi])
             epoch += span
         self.drawn = stop
-        if len(rows) == 1:
-            return rows[0], tokens[0]
-        return np.concatenate(rows), np.concatenate(tokens)
+        idx = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return self.rows[idx], self.tokens[idx]
 
 
 class _PhaseRun:
@@ -738,6 +803,7 @@ class _PhaseRun:
         ]
         self.step_base = np.uint64(_base(seed, _TAG_STEP, self.phase))
         self.batches = np.array([bm.batch for bm in model.buckets], dtype=np.int64)
+        self.allow_repeats = model.spec.allow_repeats_in_step
 
     def chunk(self, m: int) -> StepChunk:
         model, k_all = self.model, self.num_streams
@@ -764,6 +830,10 @@ class _PhaseRun:
             block = np.empty(mb * batch, dtype=np.int64)
             for si, (k, walk) in enumerate(zip(bm.streams, walks, strict=True)):
                 c = counts[:, si]
+                if not self.allow_repeats and int(c.max()) > walk.n:  # max_increments bounds it
+                    _check_quotas(
+                        self.phase, {(k, bm.bucket): int(c.max())}, {(k, bm.bucket): walk.n}
+                    )
                 before = np.cumsum(c) - c
                 drawn = np.zeros(m, dtype=np.int64)
                 drawn[idx] = c
@@ -772,7 +842,7 @@ class _PhaseRun:
                 total = int(c.sum())
                 if not total:
                     continue
-                r, t = walk.draw(total)
+                r, t = walk.draw(c)
                 base = np.arange(mb, dtype=np.int64) * batch + col[:, si] - before
                 block[np.repeat(base, c) + np.arange(total)] = r
                 csum = np.zeros(total + 1, dtype=np.int64)
@@ -907,6 +977,8 @@ class PhaseSummary:
         share_bound: Per stream, the derived bound on the deviation (in ``unit``).
         max_deviation: Per stream, the largest ``|realized - w * total|`` over every
             prefix of the phase (in ``unit``); never above ``share_bound``.
+        repeats_in_step: Samples that repeat a row already in their step (0 unless
+            the phase allows repeats and a pool is smaller than its quota).
     """
 
     index: int
@@ -923,6 +995,7 @@ class PhaseSummary:
     stream_passes: Mapping[int, float]
     share_bound: Mapping[int, float]
     max_deviation: Mapping[int, float]
+    repeats_in_step: int
 
 
 @dataclass(frozen=True)
@@ -937,6 +1010,7 @@ class PlanSummary:
         stream_token_shares: Realized share of tokens per stream.
         bucket_histogram: Per bucket, ``{"steps": ..., "samples": ...}``.
         stream_epochs: Per stream, epochs completed, summed over phases.
+        repeats_in_step: Samples that repeat a row already in their step, all phases.
         sha256: SHA-256 of the plan file.
         size: Size of the plan file in bytes.
         phases: Per-phase detail.
@@ -949,6 +1023,7 @@ class PlanSummary:
     stream_token_shares: Mapping[int, float]
     bucket_histogram: Mapping[int, Mapping[str, int]]
     stream_epochs: Mapping[int, int]
+    repeats_in_step: int
     sha256: str
     size: int
     phases: tuple[PhaseSummary, ...]
@@ -983,6 +1058,7 @@ class _PhaseStats:
         self.bucket_steps: dict[int, int] = {}
         self.bucket_samples: dict[int, int] = {}
         self.pool_drawn = dict.fromkeys(model.pools, 0)
+        self.repeats = 0
 
     def add(self, chunk: StepChunk) -> None:
         per = chunk.stream_tokens if self.model.unit == "tokens" else chunk.stream_samples
@@ -1007,6 +1083,9 @@ class _PhaseStats:
             for k in self.streams.tolist():
                 if (k, b) in self.pool_drawn:
                     self.pool_drawn[(k, b)] += int(drawn[k])
+                    # A step drawing c > n rows of a pool holds c - n of them twice.
+                    excess = chunk.stream_samples[mask, k] - self.model.pools[(k, b)][0].size
+                    self.repeats += int(np.maximum(excess, 0).sum())
 
     def summary(self) -> PhaseSummary:
         keys = self.streams.tolist()
@@ -1031,6 +1110,7 @@ class _PhaseStats:
             stream_passes=MappingProxyType({k: int(self.samples[k]) / rows[k] for k in keys}),
             share_bound=self.model.layout.share_bound,
             max_deviation=MappingProxyType(dict(zip(keys, self.worst.tolist(), strict=True))),
+            repeats_in_step=self.repeats,
         )
 
 
@@ -1146,6 +1226,7 @@ def _summarise(stats: list[_PhaseStats], sha256: str, size: int) -> PlanSummary:
             {b: MappingProxyType(v) for b, v in sorted(histogram.items())}
         ),
         stream_epochs=MappingProxyType(dict(sorted(epochs.items()))),
+        repeats_in_step=sum(ph.repeats_in_step for ph in phases),
         sha256=sha256,
         size=size,
         phases=phases,

@@ -337,6 +337,9 @@ class Phase(_Model):
     token_budget: Annotated[PosInt | None, BeforeValidator(_whole_number)] = None
     global_batch: Annotated[GlobalBatch, BeforeValidator(_global_batch)]
     rank_multiple: PosInt = 1
+    # A (stream, bucket) pool smaller than its per-step quota repeats rows in a step;
+    # the cut refuses that unless the phase says so (docs/plan.md, "Epochs").
+    allow_repeats_in_step: bool = Field(default=False, strict=True)
 
     @model_validator(mode="after")
     def _consistent(self) -> Phase:

@@ -284,8 +284,9 @@ def _recipe(steps: int = 6) -> Any:
             "captions": {"version": "import", "kinds": ["dense"]},
             "buckets": {"latent_frames": [4, 8], "aspect_ratios": ["1:1"]},
             "phases": [
+                # A bucket may hold one imported clip, fewer than a step of 2 draws.
                 {"name": "p", "rung": RUNG, "weights": {"all": 1.0}, "steps": steps,
-                 "global_batch": 2, "rank_multiple": 1}
+                 "global_batch": 2, "rank_multiple": 1, "allow_repeats_in_step": True}
             ],
         }
     )  # fmt: skip

@@ -22,11 +22,12 @@ from manifests.storage.seal import seal
 from manifests.storage.upload import upload_entries
 from materializer.cut import build_artifacts, cut_snapshot
 from materializer.recipe import load_recipe
+from tests.fixtures.recipes import small_corpus_demo
 from tests.fixtures.s3 import S3RequestCounter, s3_client
 
 pytestmark = pytest.mark.s3
 
-RECIPE = Path(__file__).resolve().parents[2] / "docs" / "recipes" / "demo.yaml"
+RECIPE = small_corpus_demo()  # a 40-asset corpus: pools smaller than a step's draw
 
 
 @pytest.fixture(scope="module")

@@ -16,10 +16,11 @@ from materializer.cut import cut_snapshot
 from materializer.recipe import load_recipe
 from service.cli import app
 from service.settings import get_settings
+from tests.fixtures.recipes import small_corpus_demo
 
 pytestmark = pytest.mark.s3
 
-RECIPE = Path(__file__).resolve().parents[2] / "docs" / "recipes" / "demo.yaml"
+RECIPE = small_corpus_demo()  # a 40-asset corpus: pools smaller than a step's draw
 
 
 @pytest.fixture

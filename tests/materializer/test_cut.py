@@ -15,12 +15,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from catalog.catalog import CatalogConfig, VidlakeCatalog
-from catalog.errors import InvalidInput
+from catalog.errors import InvalidInput, InvalidRecipe
 from catalog.synthetic import generate_corpus
 from loader.format import SNAPSHOT_REQUIRED_KEYS
 from manifests.registry import Registry
 from materializer.cut import LINEAGE_NAME, build_artifacts, cut_snapshot
 from materializer.recipe import Recipe, load_recipe
+from tests.fixtures.recipes import small_corpus_demo, write_small_corpus_demo
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_RECIPE = REPO / "docs" / "recipes" / "demo.yaml"
@@ -67,7 +68,9 @@ def lake(
 
 @pytest.fixture()
 def recipe() -> Recipe:
-    return load_recipe(DEMO_RECIPE)
+    """The demo recipe, opting in to repeats in a step: these corpora are 10-15x
+    smaller than the demo's, too small for some pools' per-step quota."""
+    return load_recipe(small_corpus_demo())
 
 
 def _sha(path: Path) -> str:
@@ -169,8 +172,9 @@ def test_same_recipe_same_pin_gives_byte_identical_artifacts_across_processes(
         "print(json.dumps(shas))\n"
     )
     out = _mkdir(tmp_path / "c")
+    recipe_file = write_small_corpus_demo(tmp_path)
     result = subprocess.run(
-        [sys.executable, "-c", script, str(root), str(DEMO_RECIPE), str(out)],
+        [sys.executable, "-c", script, str(root), str(recipe_file), str(out)],
         capture_output=True,
         text=True,
         check=True,
@@ -233,6 +237,63 @@ def test_a_recipe_that_selects_nothing_is_refused_and_registers_nothing(
     assert registry.versions() == before
 
 
+def test_a_pool_smaller_than_its_step_quota_is_refused_by_name(
+    lake: tuple[VidlakeCatalog, Path], tmp_path: Path
+) -> None:
+    """Issue 11.4: without the opt-in, a (stream, bucket) pool holding fewer samples
+    than a step draws from it fails the cut, named as the recipe names it; nothing is
+    written or registered."""
+    catalog, _ = lake
+    strict = load_recipe(DEMO_RECIPE)
+    registry = Registry(catalog.objects)
+    before = registry.versions()
+    with pytest.raises(InvalidRecipe) as err:
+        cut_snapshot(catalog, registry, strict, workdir=tmp_path)
+    assert registry.versions() == before
+    assert list(tmp_path.iterdir()) == []
+    exc = err.value
+    phase = strict.phases[0]
+    assert exc.details["path"] == "phases[0].allow_repeats_in_step"
+    assert exc.details["phase"] == phase.name
+    pools = exc.details["pools"]
+    streams = {s.name for s in strict.streams}
+    keys = set(strict.buckets.bucket_keys())
+    assert pools and all(p["stream"] in streams and p["bucket"] in keys for p in pools)
+    assert all(p["pool_size"] < p["quota"] for p in pools)
+    first = pools[0]
+    assert (exc.details["stream"], exc.details["bucket"]) == (first["stream"], first["bucket"])
+    assert f"stream {first['stream']!r} has {first['pool_size']} samples" in exc.message
+    assert f"bucket {first['bucket']} at rung {phase.rung}" in exc.message
+    assert f"draws up to {first['quota']} of them" in exc.message
+
+
+def test_snapshot_counts_the_repeats_a_phase_allows(
+    lake: tuple[VidlakeCatalog, Path], recipe: Recipe, tmp_path: Path
+) -> None:
+    """With the opt-in, snapshot.json counts exactly the samples that repeat a row
+    already in their step, per phase and in total."""
+    catalog, _ = lake
+    artifacts, snap = build_artifacts(catalog, recipe, tmp_path)
+    plan = _read_ipc(artifacts["plan.arrow"])
+    per_phase = [0] * len(recipe.phases)
+    for phase, rows in zip(plan["phase"].to_pylist(), plan["rows"].to_pylist(), strict=True):
+        per_phase[phase] += len(rows) - len(set(rows))
+    assert [p["repeats_in_step"] for p in snap["phases"]] == per_phase
+    assert snap["repeats_in_step"] == sum(per_phase) > 0  # the corpus is small
+
+
+@pytest.mark.slow
+def test_the_demo_recipe_cuts_the_demo_corpus_with_no_repeat(tmp_path: Path) -> None:
+    """Issue 11.4: the demo's recipe and corpus (service/demo.py) fit: every pool holds
+    a step's draw, so the strict recipe cuts and no step holds a sample twice."""
+    catalog = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path / "lake"))
+    generate_corpus(catalog, seed=0)  # the demo's corpus: default size, seed 0
+    artifacts, snap = build_artifacts(catalog, load_recipe(DEMO_RECIPE), _mkdir(tmp_path / "a"))
+    plan = _read_ipc(artifacts["plan.arrow"])
+    assert snap["repeats_in_step"] == 0
+    assert all(len(rows) == len(set(rows)) for rows in plan["rows"].to_pylist())
+
+
 def test_a_phase_whose_stream_has_no_samples_is_a_clear_error(
     lake: tuple[VidlakeCatalog, Path], recipe: Recipe, tmp_path: Path
 ) -> None:
@@ -275,9 +336,10 @@ def test_four_processes_cutting_at_once_get_distinct_versions_or_a_conflict(
         "    print(json.dumps({'conflict': exc.message}))\n"
     )
     url = f"s3://{s3_bucket}/race"
+    recipe_file = write_small_corpus_demo(tmp_path)
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", script, str(root), str(DEMO_RECIPE), url],
+            [sys.executable, "-c", script, str(root), str(recipe_file), url],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

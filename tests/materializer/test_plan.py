@@ -9,10 +9,12 @@ prefix, rank slices, determinism.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import subprocess
 import sys
+import tempfile
 import textwrap
 import tracemalloc
 from collections.abc import Sequence
@@ -56,7 +58,8 @@ SETTINGS = settings(
 @st.composite
 def phase_specs(draw: st.DrawFn, index: int = 0, row_base: int = 0) -> PhaseSpec:
     """A random phase: 1-4 streams, 1-4 buckets, a pool of 1-120 rows, random weights
-    (some streams unweighted), batches, rank_multiple, steps or a token budget."""
+    (some streams unweighted), batches, rank_multiple, steps or a token budget. Pools
+    may be smaller than their per-step quota, so repeats in a step are allowed."""
     k = draw(st.integers(1, 4))
     nb = draw(st.integers(1, 4))
     n = draw(st.integers(1, 120))
@@ -83,6 +86,7 @@ def phase_specs(draw: st.DrawFn, index: int = 0, row_base: int = 0) -> PhaseSpec
             weights,
             num_steps=draw(st.integers(1, 160)),
             rank_multiple=multiple,
+            allow_repeats_in_step=True,
         )
     return PhaseSpec(
         index,
@@ -91,6 +95,7 @@ def phase_specs(draw: st.DrawFn, index: int = 0, row_base: int = 0) -> PhaseSpec
         weights,
         token_budget=draw(st.integers(1, 20_000)),
         rank_multiple=multiple,
+        allow_repeats_in_step=True,
     )
 
 
@@ -122,8 +127,9 @@ def expected_shares(spec: PhaseSpec) -> dict[int, float]:
     return {b: r / z for b, r in rate.items()}
 
 
-def check_phase(spec: PhaseSpec, table: pa.Table, steps: list[np.ndarray], first: int) -> None:
-    """Every file-level property of one phase's steps ``steps`` (global from ``first``)."""
+def check_phase(spec: PhaseSpec, table: pa.Table, steps: list[np.ndarray], first: int) -> int:
+    """Every file-level property of one phase's steps ``steps`` (global from ``first``);
+    returns the samples that repeat a row already in their step."""
     pool, w = spec.pool, spec.stream_weights
     where = {int(r): i for i, r in enumerate(pool.row.tolist())}
     bucket_col = table.column("bucket").to_numpy()[first : first + len(steps)]
@@ -142,14 +148,27 @@ def check_phase(spec: PhaseSpec, table: pa.Table, steps: list[np.ndarray], first
     unit_tokens = spec.token_budget is not None
     realized = dict.fromkeys(w, 0)
     total = 0
-    bound = plan_layout(spec).share_bound
+    layout = plan_layout(spec)
+    bound = layout.share_bound
     worst = dict.fromkeys(w, 0.0)
+    repeats = 0
     for t, (rows, b) in enumerate(zip(steps, bucket_col.tolist(), strict=True)):
         idx = np.array([where[int(r)] for r in rows])
         # Bucket purity, batch size, only weighted streams.
         assert (pool.bucket[idx] == b).all()
         assert len(rows) == spec.global_batch[b]
         assert all(int(s) in w for s in pool.stream[idx])
+        # No row twice in a step: c draws from a pool of n rows hold min(c, n) distinct
+        # rows (so none repeats unless the pool is smaller than the draw, which only an
+        # explicit allow_repeats_in_step admits), and c never exceeds the pool's quota.
+        for k in np.unique(pool.stream[idx]).tolist():
+            mine = idx[pool.stream[idx] == k]
+            n = len(members[(k, b)])
+            assert np.unique(mine).size == min(mine.size, n), (t, k, b)
+            assert mine.size <= layout.step_quota[b][k]
+            repeats += mine.size - min(mine.size, n)
+        if not spec.allow_repeats_in_step:
+            assert np.unique(idx).size == idx.size
         # Stream epochs: the fewest draws of any row of the stream before this step.
         for k in range(num_streams):
             rows_k = [i for key, ms in members.items() if key[0] == k for i in ms]
@@ -182,6 +201,7 @@ def check_phase(spec: PhaseSpec, table: pa.Table, steps: list[np.ndarray], first
             assert np.array_equal(np.concatenate(parts), rows)
             assert all(len(p) == size // world for p in parts)
         assert size % spec.rank_multiple == 0
+    return repeats
 
 
 def check_plan(path: Path, specs: Sequence[PhaseSpec], batch_rows: int = 1 << 20) -> PlanSummary:
@@ -197,7 +217,7 @@ def check_plan(path: Path, specs: Sequence[PhaseSpec], batch_rows: int = 1 << 20
     assert summary.num_steps == len(steps) and summary.plan_rows == sum(map(len, steps))
     for spec, ph in zip(specs, summary.phases, strict=True):
         part = steps[ph.first_step : ph.first_step + ph.num_steps]
-        check_phase(spec, table, part, ph.first_step)
+        assert check_phase(spec, table, part, ph.first_step) == ph.repeats_in_step
         for k, dev in ph.max_deviation.items():
             assert dev <= ph.share_bound[k] * (1 + 1e-9) + TOL
         if spec.num_steps is not None:
@@ -209,6 +229,7 @@ def check_plan(path: Path, specs: Sequence[PhaseSpec], batch_rows: int = 1 << 20
             last = sum(int(spec.pool.tokens[where[int(r)]]) for r in part[-1])
             assert ph.tokens - last < spec.token_budget  # the first step that reaches it
     assert sum(ph.num_steps for ph in summary.phases) == summary.num_steps
+    assert sum(ph.repeats_in_step for ph in summary.phases) == summary.repeats_in_step
     assert abs(sum(summary.stream_shares.values()) - 1) < 1e-9
     return summary
 
@@ -250,6 +271,117 @@ def test_chunking_does_not_change_steps(spec: PhaseSpec, rows: int, steps: int) 
         return rows_, buckets, epochs
 
     assert flat() == flat(batch_rows=rows, batch_steps=steps)
+
+
+@st.composite
+def small_pool_phases(draw: st.DrawFn) -> PhaseSpec:
+    """Many small (stream, bucket) pools of 0-12 rows, random weights and batches, and
+    enough steps for dozens of epochs per pool; repeats in a step are not allowed."""
+    k, nb = draw(st.integers(1, 4)), draw(st.integers(1, 3))
+    sizes = draw(st.lists(st.integers(0, 12), min_size=k * nb, max_size=k * nb))
+    if not any(sizes):
+        sizes[0] = 1
+    stream = np.repeat(np.arange(k * nb) // nb, sizes)
+    bucket = np.repeat(np.arange(k * nb) % nb, sizes)
+    n = stream.size
+    rows = np.array(draw(st.permutations(range(n))))
+    tokens = np.array(draw(st.lists(st.integers(1, 40), min_size=n, max_size=n)))
+    present = sorted(set(stream.tolist()))
+    weighted = draw(st.lists(st.sampled_from(present), min_size=1, unique=True))
+    weights = {s: draw(st.floats(0.05, 1.0)) for s in weighted}
+    batches = {b: draw(st.integers(1, 16)) for b in range(nb)}
+    pool = Pool(row=rows, stream=stream, bucket=bucket, tokens=tokens)
+    if draw(st.booleans()):
+        return PhaseSpec(0, pool, batches, weights, num_steps=draw(st.integers(40, 300)))
+    return PhaseSpec(0, pool, batches, weights, token_budget=draw(st.integers(2_000, 40_000)))
+
+
+@settings(SETTINGS, max_examples=80)
+@given(spec=small_pool_phases(), batch_rows=st.sampled_from([1, 7, 1 << 20]))
+def test_no_row_twice_in_a_step(tmp_path: Path, spec: PhaseSpec, batch_rows: int) -> None:
+    """A step never holds a row twice; a pool smaller than its per-step quota is an
+    InvalidRecipe naming it (and nothing is written) unless the phase opts in, and
+    then the plan counts exactly the repeats that cannot be avoided."""
+    out = Path(tempfile.mkdtemp(dir=tmp_path))  # tmp_path is shared by examples
+    relaxed = dataclasses.replace(spec, allow_repeats_in_step=True)
+    quota = plan_layout(relaxed).step_quota
+    sizes = {(k, b): 0 for b, per in quota.items() for k in per}
+    for k, b in zip(spec.pool.stream.tolist(), spec.pool.bucket.tolist(), strict=True):
+        if (k, b) in sizes:
+            sizes[(k, b)] += 1
+    short = [
+        {"stream": k, "bucket": b, "pool_size": n, "quota": quota[b][k]}
+        for (k, b), n in sorted(sizes.items())
+        if n < quota[b][k]
+    ]
+    if not short:
+        summary = check_plan(out / "plan.arrow", [spec], batch_rows)
+        assert summary.repeats_in_step == 0
+        return
+    with pytest.raises(InvalidRecipe) as err:
+        write_plan(out / "plan.arrow", [spec], seed=7)
+    assert list(out.iterdir()) == []
+    first = short[0]
+    assert err.value.details["pools"] == short
+    assert err.value.details["path"] == "phases[0].allow_repeats_in_step"
+    message = str(err.value)
+    assert f"stream {first['stream']} in bucket {first['bucket']}" in message
+    assert f"has {first['pool_size']} rows" in message and f"up to {first['quota']}" in message
+    check_plan(out / "plan.arrow", [relaxed], batch_rows)  # counts its repeats
+
+
+def test_epoch_boundary_inside_a_step_repeats_no_row() -> None:
+    """Issue 11.4: where an epoch ends inside a step, the next epoch's permutation
+    must not bring back a row the step already holds (pools of 5-9 rows, 3-4 draws
+    from each per step, so about every other step straddles a boundary)."""
+    i = np.arange(14)
+    pool = Pool(row=100 + i, stream=(i >= 5).astype(int), bucket=np.zeros_like(i), tokens=1 + i)
+    spec = PhaseSpec(0, pool, {0: 7}, {0: 3 / 7, 1: 4 / 7}, num_steps=400)
+    steps = 0
+    for chunk in generate_steps([spec], seed=3, batch_rows=50):
+        for s in range(chunk.num_steps):
+            rows = chunk.rows[chunk.offsets[s] : chunk.offsets[s + 1]]
+            assert np.unique(rows).size == rows.size == 7, (chunk.first_step + s, rows)
+            steps += 1
+    assert steps == 400
+
+
+def test_a_draw_above_the_quota_is_refused_while_generating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Belt and braces: were step_quota ever below a real draw, generation refuses the
+    step rather than repeat a row, and write_plan leaves no file."""
+    import materializer.plan as plan
+
+    monkeypatch.setattr(plan._Apportioner, "max_increments", lambda self, batch: [1] * self._n)
+    i = np.arange(3)  # a step draws 4 from these 3 rows; the patched quota says 1
+    pool = Pool(i, np.zeros_like(i), np.zeros_like(i), 1 + i)
+    spec = PhaseSpec(0, pool, {0: 4}, {0: 1}, num_steps=3)
+    assert plan_layout(spec).step_quota == {0: {0: 1}}
+    with pytest.raises(InvalidRecipe) as err:
+        write_plan(tmp_path / "plan.arrow", [spec], seed=1)
+    assert err.value.details["pools"] == [{"stream": 0, "bucket": 0, "pool_size": 3, "quota": 4}]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_step_quota_bounds_every_step() -> None:
+    """step_quota bounds what any step draws from a pool; with two streams in a bucket
+    (one split of the quota tree) it is exactly the largest draw."""
+    rng = np.random.default_rng(5)
+    n = 3000
+    stream, bucket = rng.integers(0, 5, n), rng.integers(0, 3, n)
+    for streams in (5, 2):
+        pool = Pool(row=np.arange(n), stream=stream % streams, bucket=bucket, tokens=stream + 1)
+        weights = dict(enumerate([5, 3, 1, 0.6, 0.4][:streams]))
+        spec = PhaseSpec(0, pool, {0: 64, 1: 40, 2: 22}, weights, num_steps=3000)
+        quota = plan_layout(spec).step_quota
+        chunks = list(generate_steps([spec], seed=1))
+        steps = np.concatenate([c.bucket for c in chunks])
+        samples = np.concatenate([c.stream_samples for c in chunks])
+        for b, per in quota.items():
+            for k, q in per.items():
+                largest = samples[steps == b, k].max()
+                assert largest <= q and (streams == 5 or largest == q), (b, k, largest, q)
 
 
 @SETTINGS
@@ -312,6 +444,7 @@ def test_rank_multiple_must_divide_every_batch() -> None:
         ({}, "phases[0]"),
         ({"num_steps": 0}, "phases[0].num_steps"),
         ({"num_steps": 2, "rank_multiple": 0}, "phases[0].rank_multiple"),
+        ({"num_steps": 2, "allow_repeats_in_step": 1}, "phases[0].allow_repeats_in_step"),
     ],
 )
 def test_phase_spec_rejects_nonsense(kwargs: dict[str, int], path: str) -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.recipes import write_small_corpus_demo
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "docs" / "recipes" / "demo.yaml"
 
@@ -36,8 +38,9 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_cut_then_list_show_step_sql_and_diff(home: Path) -> None:
-    cut = _vidlake(home, "cut", str(RECIPE), "--json")
+def test_cut_then_list_show_step_sql_and_diff(home: Path, tmp_path: Path) -> None:
+    recipe = write_small_corpus_demo(tmp_path)  # 120 assets: opt in to repeats in a step
+    cut = _vidlake(home, "cut", str(recipe), "--json")
     assert cut.returncode == 0, cut.stderr
     snap = json.loads(cut.stdout)
     assert snap["version"] == 1 and snap["counts"]["samples"] > 0
@@ -52,10 +55,25 @@ def test_cut_then_list_show_step_sql_and_diff(home: Path) -> None:
     assert sql.returncode == 0, sql.stderr
     assert json.loads(sql.stdout)["rows"][0][0] > 0
 
-    again = _vidlake(home, "cut", str(RECIPE), "--json")
+    again = _vidlake(home, "cut", str(recipe), "--json")
     assert again.returncode == 0, again.stderr
     diff = json.loads(_vidlake(home, "diff", "1", "2").stdout)
     assert diff["num_clips_added"] == diff["num_clips_removed"] == 0  # same pin, same cut
+
+
+def test_cut_refuses_a_pool_smaller_than_its_step_quota(home: Path) -> None:
+    """The demo recipe fits the demo's corpus, not a 120-asset one: some pool holds
+    fewer samples than a step draws from it, so the cut exits 2 with one message that
+    names the phase, stream, bucket, pool size and quota, and registers nothing."""
+    before = json.loads(_vidlake(home, "snapshots", "--json").stdout)
+    cut = _vidlake(home, "cut", str(RECIPE), "--json")
+    assert cut.returncode == 2
+    assert "Traceback" not in cut.stderr
+    line = " ".join(cut.stderr.split())  # one message, wrapped to the terminal width
+    assert "allow_repeats_in_step" in line
+    assert "phases[0] (broad-128p): stream '" in line and " samples in bucket " in line
+    assert "draws up to " in line
+    assert json.loads(_vidlake(home, "snapshots", "--json").stdout) == before
 
 
 def test_bad_input_is_one_clean_line_and_exit_2(home: Path, tmp_path: Path) -> None:
