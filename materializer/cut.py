@@ -7,7 +7,9 @@ Stages (each reported through ``progress(stage, fraction)``): ``pin``, ``scan``,
 The data artifacts (``manifest.parquet``, ``plan.arrow``, ``index.arrow``,
 ``lineage.arrow``) are pure functions of (recipe, pin, seed, code version): cutting the
 same recipe at the same pin twice gives byte-identical files. ``snapshot.json`` differs
-only in ``version`` and ``parent``.
+only in ``version`` and ``parent``; it records the cut's inputs key as ``inputs_sha256``
+(:mod:`manifests.inputs`), by which the service answers a repeated cut with the version
+it already made.
 
 ``lineage.arrow`` answers "which steps served this row" in O(1): one record per
 manifest row (``row``, ``steps: large_list<int64>``), built by one stable argsort over the
@@ -31,6 +33,7 @@ import pyarrow.parquet as pq
 
 from catalog.errors import InvalidInput
 from loader.format import FORMAT_VERSION, INDEX_SCHEMA
+from manifests.inputs import INPUTS_KEY, cut_inputs_sha256
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
 from materializer.recipe import Recipe
 from materializer.select import Selection, check_pools, phase_mask, select
@@ -76,8 +79,12 @@ def cut_snapshot(
     *,
     progress: Progress | None = None,
     workdir: str | os.PathLike[str] | None = None,
+    pin: Pin | None = None,
 ) -> SnapshotRecord:
     """Cut ``recipe`` at its catalog pin and register it as the next version.
+
+    ``pin``, when given, is the recipe's pin already resolved (the service resolves it
+    when the request arrives, so that the cut and its idempotency key see one state).
 
     Raises:
         InvalidRecipe: The recipe does not fit the catalog (e.g. a phase has no samples).
@@ -85,7 +92,7 @@ def cut_snapshot(
     """
     report = progress or (lambda stage, fraction: None)
     with tempfile.TemporaryDirectory(prefix="vidlake-cut-", dir=workdir) as tmp:
-        artifacts, snapshot = build_artifacts(catalog, recipe, Path(tmp), progress=report)
+        artifacts, snapshot = build_artifacts(catalog, recipe, Path(tmp), progress=report, pin=pin)
         report("publish", 0.0)
         record = registry.publish(artifacts, snapshot, parent=registry.next_parent())
         report("publish", 1.0)
@@ -107,6 +114,7 @@ def build_artifacts(
     out: Path,
     *,
     progress: Progress | None = None,
+    pin: Pin | None = None,
 ) -> tuple[dict[str, Path], dict[str, Any]]:
     """Write every artifact of a cut into ``out``; return their paths and snapshot.json.
 
@@ -115,7 +123,8 @@ def build_artifacts(
     """
     report = progress or (lambda stage, fraction: None)
     report("pin", 0.0)
-    pin = resolve_pin(catalog, recipe)
+    if pin is None:
+        pin = resolve_pin(catalog, recipe)
     report("pin", 1.0)
     selection = select(catalog, recipe, pin, progress=report)
     if selection.samples.num_rows == 0:
@@ -321,6 +330,7 @@ def _snapshot_doc(
         "catalog_snapshot_ids": pin.to_dict(),
         "seed": recipe.seed,
         "code_version": code_version(),
+        INPUTS_KEY: cut_inputs_sha256(recipe.sha256(), pin.to_dict(), code_version()),
         "counts": {
             "candidates": selection.candidates,
             "samples": samples.num_rows,
