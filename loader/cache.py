@@ -196,6 +196,15 @@ def disk_free(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
+class _NoSpace(Exception):
+    """Internal: a download hit ENOSPC and returned its reservation; ``full`` is what
+    the caller gets if the retry fails too."""
+
+    def __init__(self, full: CacheFull, cause: OSError) -> None:
+        super().__init__(full.message)
+        self.full, self.cause = full, cause
+
+
 def _disk_full_cause(exc: BaseException) -> OSError | None:
     """The ENOSPC/EDQUOT ``OSError`` in an exception's chain, if any: stores and fetches
     may wrap the write error (``raise StorageError(...) from exc``)."""
@@ -397,23 +406,27 @@ class NodeCache:
         while True:
             try:
                 action, lease_id, gen = self._claim(key, size)
-                if action == "download":
-                    return self._download(key, size, fetch, gen)
             except CacheFull as exc:
-                if exc.details.get("enospc") and not retried_enospc:
-                    # The probe saw room the write did not find (another writer, a
-                    # quota): claim again, so that the probe looks again and evicts.
-                    retried_enospc = True
-                    continue
-                # Leased bytes come back when their readers finish: wait a while if asked.
-                reason = exc.details.get("reason")
-                waited = time.monotonic() - started
-                if reason not in ("leased", "disk") or waited >= self.full_wait_s:
+                # Leased bytes come back when their readers finish, and evicting them
+                # then frees the disk too: wait a while if asked.
+                if exc.details.get("reason") not in ("leased", "disk"):
+                    raise
+                if time.monotonic() - started >= self.full_wait_s:
                     raise
                 self._reclaim_dead()
                 time.sleep(delay)
                 delay = min(delay * 2, _POLL_MAX_S)
                 continue
+            if action == "download":
+                try:
+                    return self._download(key, size, fetch, gen)
+                except _NoSpace as no_space:
+                    if retried_enospc:
+                        raise no_space.full from no_space.cause
+                    # The probe saw room the write did not find (another writer, a
+                    # quota): claim once more, so that the probe looks again and evicts.
+                    retried_enospc = True
+                    continue
             if action == "hit":
                 if self._check(key, size, path, force_hash=False):
                     return lease_id, path
@@ -605,13 +618,17 @@ class NodeCache:
             self._remember(key, final)
             return lease_id, final
         except BaseException as exc:
+            abandoned = False
             with contextlib.suppress(Exception):
                 self._abandon(key, gen, lease_id)
+                abandoned = True
             cause = _disk_full_cause(exc)
             if cause is None or isinstance(exc, CacheFull):
                 raise
             with self._tx(read=True) as db:
                 full = self._full("disk", db, size, enospc=True, errno=cause.errno)
+            if abandoned:  # else a retry would wait on our own stuck reservation
+                raise _NoSpace(full, cause) from exc
             raise full from cause
 
     def _abandon(self, key: str, gen: str, lease_id: int | None) -> None:

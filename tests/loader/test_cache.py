@@ -356,10 +356,13 @@ def test_enospc_during_a_download_is_cache_full_disk_and_returns_the_reservation
         tmp.write_bytes(src.blobs[k300][:120])
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
 
-    with _open(root) as cache:
+    with _open(root, full_wait_s=30) as cache:
         src.read(cache, k100)
+        started = time.monotonic()
         with pytest.raises(CacheFull) as err, cache.lease(k300, 300, no_space):
             pass
+        # Not waited on like a full budget: that would download it again and again.
+        assert time.monotonic() - started < 5
         assert err.value.reason == "disk" and err.value.enospc is True
         assert isinstance(err.value.__cause__, OSError)
         assert err.value.__cause__.errno == errno.ENOSPC

@@ -363,3 +363,26 @@ def test_the_cli_cuts_through_the_service_idempotently(cutter: tuple[str, World]
     forced = _cut_remote(client, recipe, new_version=True, progress=False)
     assert (first["version"], again["version"], forced["version"]) == (1, 1, 2)
     assert world.registry.versions() == [1, 2]
+
+
+def test_a_cut_job_cuts_the_state_its_request_resolved(tmp_path: Path) -> None:
+    from service.deps import _default_cut
+
+    world = build_world(tmp_path / "world", snapshots=0)
+    scores = [
+        {"clip_id": c, "filter_name": "aesthetic", "filter_version": "2", "score": 8.0}
+        for c in world.train_clips[:1]
+    ]
+
+    def cut(catalog: Any, registry: Any, recipe: Any, progress: Any, *, pin: Any = None) -> Any:
+        catalog.add_scores(scores)  # a commit lands after the request resolved its pin
+        return _default_cut(catalog, registry, recipe, progress, pin=pin)
+
+    with serve(create_app(world.settings(), catalog=world.catalog, cut=cut)) as url:
+        response = _cut(url, CUT_RECIPE)
+        version = _version_of(url, response)
+        params = httpx.get(f"{url}/v1/jobs/{response.json()['id']}", timeout=30).json()["params"]
+    snapshot = world.registry.get(version).snapshot
+    assert snapshot["catalog_snapshot_ids"] == params["catalog_snapshot_ids"]
+    assert snapshot["catalog_snapshot_ids"] != world.catalog.pin().to_dict()
+    assert snapshot["inputs_sha256"] == params["inputs_sha256"]
