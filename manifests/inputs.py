@@ -15,13 +15,17 @@ matches: they are their base plus exclusions, not a cut of the inputs.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from catalog.errors import IntegrityError, NotFound
 from catalog.hashing import sha256_bytes
 from manifests.registry import SnapshotRecord, canonical_json
 
 __all__ = ["INPUTS_KEY", "cut_inputs_sha256", "find_published", "snapshot_inputs_sha256"]
+
+log = logging.getLogger("vidlake.manifests")
 
 #: The ``snapshot.json`` key that records a cut's inputs key.
 INPUTS_KEY = "inputs_sha256"
@@ -61,13 +65,20 @@ def find_published(
 ) -> SnapshotRecord | None:
     """The newest published version whose inputs key is ``key``, or None.
 
+    A version that cannot be read (gone, or failing its checks) is skipped with a
+    warning: it cannot answer for the inputs, and it must not block new cuts.
+
     Args:
         versions: Published version numbers (any order).
         record: Reads a version's verified record (a caching reader, ideally).
         key: The inputs key to look for.
     """
     for version in sorted(versions, reverse=True):
-        found = record(version)
+        try:
+            found = record(version)
+        except (NotFound, IntegrityError) as exc:
+            log.warning("version %d skipped in the inputs lookup: %s", version, exc)
+            continue
         if snapshot_inputs_sha256(found.snapshot) == key:
             return found
     return None

@@ -105,8 +105,9 @@ class S3ObjectStore(ObjectStore):
         retry_mode: botocore retry mode, ``"standard"`` or ``"adaptive"``.
         max_attempts: Attempts per request, including the first.
         verify_existing: When a put finds its object already stored and the endpoint
-            has no full-object checksum for it, read it in full to check it (by default
-            only its size is checked).
+            has no full-object checksum for it that it has proven it computes
+            (:attr:`checksums_proven`), read it in full to check it (by default only
+            its size, and any stored checksum, are checked).
     """
 
     #: Attempts and base backoff for a conditional write that meets a 409 (a concurrent

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
+from catalog.errors import ChecksumMismatch
 from manifests.inputs import cut_inputs_sha256, find_published, snapshot_inputs_sha256
 
 R1, R2 = "1" * 64, "2" * 64
@@ -48,3 +51,16 @@ def test_find_published_takes_the_newest_match() -> None:
     found = find_published([2, 4, 1, 3], records.__getitem__, key)  # type: ignore[arg-type]
     assert found is not None and found.version == 3
     assert find_published([2], records.__getitem__, key) is None  # type: ignore[arg-type]
+
+
+def test_an_unreadable_version_is_skipped_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
+    key = cut_inputs_sha256(R1, PIN, "1.0")
+
+    def record(version: int) -> _Record:
+        if version == 2:
+            raise ChecksumMismatch("snapshot.json of version 2 is corrupt", version=2)
+        return _Record(version, _snapshot(inputs_sha256=key))
+
+    found = find_published([1, 2], record, key)  # type: ignore[arg-type]
+    assert found is not None and found.version == 1
+    assert "version 2 skipped" in caplog.text
