@@ -32,6 +32,7 @@ How it stays correct (docs/cache.md has the long version):
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import shutil
@@ -49,7 +50,7 @@ from typing import Any
 from catalog.errors import CacheError, CacheFull, ChecksumMismatch, InvalidInput
 from catalog.hashing import require_sha256, sha256_file
 
-__all__ = ["DEFAULT_RESERVE_BYTES", "Fetch", "NodeCache"]
+__all__ = ["DEFAULT_RESERVE_BYTES", "DiskFree", "Fetch", "NodeCache", "disk_free"]
 
 log = logging.getLogger("vidlake.cache")
 
@@ -57,11 +58,15 @@ log = logging.getLogger("vidlake.cache")
 DEFAULT_RESERVE_BYTES = 1 << 30
 #: A function that writes an object's bytes to the path it is given.
 Fetch = Callable[[Path], object]
+#: A function giving the bytes free for the cache on the filesystem holding a path.
+DiskFree = Callable[[Path], int]
 
 _SCHEMA_VERSION = "1"
 _BUSY_TIMEOUT_S = 60.0
 _POLL_MIN_S, _POLL_MAX_S = 0.001, 0.05
 _FINGERPRINTS_MAX = 100_000
+# Errnos that mean "the disk (or the quota) is full", however a fetch reports them.
+_DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 _STATS = (
     "entries",
     "bytes",
@@ -186,6 +191,33 @@ def _boot_id() -> str:
         return ""
 
 
+def disk_free(path: Path) -> int:
+    """The default free-space probe: bytes available to unprivileged writers."""
+    return shutil.disk_usage(path).free
+
+
+class _NoSpace(Exception):
+    """Internal: a download hit ENOSPC and returned its reservation; ``full`` is what
+    the caller gets if the retry fails too."""
+
+    def __init__(self, full: CacheFull, cause: OSError) -> None:
+        super().__init__(full.message)
+        self.full, self.cause = full, cause
+
+
+def _disk_full_cause(exc: BaseException) -> OSError | None:
+    """The ENOSPC/EDQUOT ``OSError`` in an exception's chain, if any: stores and fetches
+    may wrap the write error (``raise StorageError(...) from exc``)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _DISK_FULL_ERRNOS:
+            return current
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def _fingerprint(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -207,12 +239,17 @@ class NodeCache:
         budget_bytes: Bytes that ready plus in-flight objects may occupy. Stored with
             the cache on creation; opening it with another value raises
             :class:`CacheError`. ``None`` adopts the stored budget (for tools).
-        reserve_bytes: Free space to keep on the filesystem; a download that would
-            eat into it raises :class:`CacheFull` (``reason="disk"``).
+        reserve_bytes: Free space to keep on the filesystem. A miss that would eat into
+            it evicts unleased entries (LRU) first, as for the budget; when that is not
+            enough it raises :class:`CacheFull` (``reason="disk"``).
         verify_hits: Hash a hit unless this process already verified the unchanged
             file. ``False`` checks only the size on hits (downloads are always hashed).
         full_wait_s: How long a miss waits for leased or in-flight bytes to be
-            released when nothing else can be evicted, before raising CacheFull.
+            released when nothing else can be evicted (budget or disk), before
+            raising CacheFull.
+        disk_free: The free-space probe, ``disk_free(root) -> bytes``; the default
+            asks the filesystem. A seam for tests and for quotas the filesystem does
+            not report; it must pickle if the cache is pickled.
 
     Raises:
         CacheError: The stored budget differs, or there is no cache and no budget.
@@ -227,8 +264,9 @@ class NodeCache:
         reserve_bytes: int = DEFAULT_RESERVE_BYTES,
         verify_hits: bool = True,
         full_wait_s: float = 0.0,
+        disk_free: DiskFree | None = None,
     ) -> None:
-        self._configure(root, budget_bytes, reserve_bytes, verify_hits, full_wait_s)
+        self._configure(root, budget_bytes, reserve_bytes, verify_hits, full_wait_s, disk_free)
         self._ensure_open()
 
     def _configure(
@@ -238,6 +276,7 @@ class NodeCache:
         reserve_bytes: int,
         verify_hits: bool,
         full_wait_s: float,
+        disk_free: DiskFree | None,
     ) -> None:
         if budget_bytes is not None:
             _require_count(budget_bytes, "budget_bytes", minimum=1)
@@ -246,6 +285,12 @@ class NodeCache:
             raise InvalidInput(
                 f"full_wait_s must be >= 0, got {full_wait_s!r}", field="full_wait_s"
             )
+        if disk_free is not None and not callable(disk_free):
+            raise InvalidInput(
+                f"disk_free must be a function of the cache root, got {disk_free!r}",
+                field="disk_free",
+            )
+        self._disk_free_probe = disk_free
         self.root = Path(root).absolute()
         self.reserve_bytes = reserve_bytes
         self.verify_hits = verify_hits
@@ -279,6 +324,7 @@ class NodeCache:
             "reserve_bytes": self.reserve_bytes,
             "verify_hits": self.verify_hits,
             "full_wait_s": self.full_wait_s,
+            "disk_free": self._disk_free_probe,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -288,6 +334,7 @@ class NodeCache:
             state["reserve_bytes"],
             state["verify_hits"],
             state["full_wait_s"],
+            state.get("disk_free"),
         )
 
     def __repr__(self) -> str:
@@ -355,20 +402,31 @@ class NodeCache:
         started = time.monotonic()
         path = self.path_of(key)
         delay = _POLL_MIN_S
+        retried_enospc = False
         while True:
             try:
                 action, lease_id, gen = self._claim(key, size)
             except CacheFull as exc:
-                # Leased bytes come back when their readers finish: wait a while if asked.
-                reason = exc.details.get("reason")
-                if reason != "leased" or time.monotonic() - started >= self.full_wait_s:
+                # Leased bytes come back when their readers finish, and evicting them
+                # then frees the disk too: wait a while if asked.
+                if exc.details.get("reason") not in ("leased", "disk"):
+                    raise
+                if time.monotonic() - started >= self.full_wait_s:
                     raise
                 self._reclaim_dead()
                 time.sleep(delay)
                 delay = min(delay * 2, _POLL_MAX_S)
                 continue
             if action == "download":
-                return self._download(key, size, fetch, gen)
+                try:
+                    return self._download(key, size, fetch, gen)
+                except _NoSpace as no_space:
+                    if retried_enospc:
+                        raise no_space.full from no_space.cause
+                    # The probe saw room the write did not find (another writer, a
+                    # quota): claim once more, so that the probe looks again and evicts.
+                    retried_enospc = True
+                    continue
             if action == "hit":
                 if self._check(key, size, path, force_hash=False):
                     return lease_id, path
@@ -436,12 +494,17 @@ class NodeCache:
             return "retry", 0, gen
 
     def _reserve(self, db: sqlite3.Connection, key: str, size: int, now: int) -> str:
+        """Evict unleased LRU entries until both the budget and the disk have room for
+        ``size`` more bytes, then insert the 'downloading' row that reserves them."""
         totals = _totals(db)
-        used = totals["bytes"] + totals["reserved"]
+        over_budget = totals["bytes"] + totals["reserved"] + size - self.budget_bytes
+        free = self._free_disk()
+        # Bytes other downloads have reserved but not yet written will also leave the disk.
+        short_disk = self.reserve_bytes + self._pending(db) + size - free
         victims: list[tuple[str, int]] = []
         freed = 0
-        if used + size > self.budget_bytes:
-            need = used + size - self.budget_bytes
+        need = max(over_budget, short_disk)
+        if need > 0:
             cur = db.execute(_EVICTABLE)
             for sha, sz in cur:
                 victims.append((sha, sz))
@@ -449,9 +512,10 @@ class NodeCache:
                 if freed >= need:
                     break
             cur.close()
-            if freed < need:
-                raise self._full("leased", db, size)
-        self._check_disk(db, size, freed)
+        if freed < over_budget:
+            raise self._full("leased", db, size)
+        if freed < short_disk:
+            raise self._full("disk", db, size, free_disk=free, reserve=self.reserve_bytes)
         # Unlink before the reservation commits: bytes on disk never exceed the books.
         for sha, sz in victims:
             self._evict(db, sha, sz)
@@ -471,8 +535,8 @@ class NodeCache:
         self._forget(key)
         log.debug("evicted %s (%d bytes)", key, size, extra={"sha256": key, "event": "evict"})
 
-    def _check_disk(self, db: sqlite3.Connection, size: int, freed: int) -> None:
-        # Bytes other downloads have reserved but not yet written will also leave the disk.
+    def _pending(self, db: sqlite3.Connection) -> int:
+        """Bytes that in-flight downloads have reserved but not yet written."""
         pending = 0
         for sha, gen, sz in db.execute(
             "SELECT sha256, gen, size FROM entries WHERE state = 'downloading'"
@@ -482,19 +546,24 @@ class NodeCache:
             except FileNotFoundError:
                 written = 0
             pending += max(sz - written, 0)
-        free = shutil.disk_usage(self.root).free
-        if free + freed - pending - size < self.reserve_bytes:
-            raise self._full("disk", db, size, free_disk=free, reserve=self.reserve_bytes)
+        return pending
 
-    def _full(self, reason: str, db: sqlite3.Connection, needed: int, **more: int) -> CacheFull:
+    def _free_disk(self) -> int:
+        probe = self._disk_free_probe or disk_free
+        return int(probe(self.root))
+
+    def _full(self, reason: str, db: sqlite3.Connection, needed: int, **more: object) -> CacheFull:
         totals = _totals(db)
         used = totals["bytes"] + totals["reserved"]
         leased = db.execute(_LEASED_BYTES).fetchone()[0] + totals["reserved"]
         why = {
             "too_large": "the object is larger than the whole budget",
             "leased": "every other entry is leased or still downloading",
-            "disk": f"the filesystem would keep less than reserve_bytes={self.reserve_bytes} free",
+            "disk": f"the filesystem would keep less than reserve_bytes={self.reserve_bytes} free"
+            " even after evicting every unleased entry",
         }[reason]
+        if more.get("enospc"):
+            why = "the filesystem ran out of space (ENOSPC) while the object was written"
         return CacheFull(
             f"node cache {self.root} cannot take {needed} bytes: {why} "
             f"(budget {self.budget_bytes}, used {used}, leased or in flight {leased})",
@@ -548,10 +617,19 @@ class NodeCache:
                 _bump(db, bytes_downloaded=size)
             self._remember(key, final)
             return lease_id, final
-        except BaseException:
+        except BaseException as exc:
+            abandoned = False
             with contextlib.suppress(Exception):
                 self._abandon(key, gen, lease_id)
-            raise
+                abandoned = True
+            cause = _disk_full_cause(exc)
+            if cause is None or isinstance(exc, CacheFull):
+                raise
+            with self._tx(read=True) as db:
+                full = self._full("disk", db, size, enospc=True, errno=cause.errno)
+            if abandoned:  # else a retry would wait on our own stuck reservation
+                raise _NoSpace(full, cause) from exc
+            raise full from cause
 
     def _abandon(self, key: str, gen: str, lease_id: int | None) -> None:
         """Return a failed download's reservation (after deleting its bytes)."""
@@ -666,7 +744,7 @@ class NodeCache:
             "used_bytes": totals["bytes"] + totals["reserved"],
             "leases": leases,
             "leased_bytes": leased,
-            "disk_free_bytes": shutil.disk_usage(self.root).free,
+            "disk_free_bytes": self._free_disk(),
         }
 
     def verify(self) -> dict[str, Any]:
@@ -921,6 +999,12 @@ class NodeCache:
         except sqlite3.Error as exc:
             with contextlib.suppress(sqlite3.Error):
                 conn.execute("ROLLBACK")
+            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                raise CacheFull(
+                    f"node cache database {self._db_path} cannot grow: the disk is full",
+                    reason="disk",
+                    root=str(self.root),
+                ) from exc
             raise CacheError(
                 f"node cache database {self._db_path} failed: {exc}", root=str(self.root)
             ) from exc

@@ -14,8 +14,10 @@ The data artifacts (``manifest.parquet``, ``plan.arrow``, ``index.arrow``,
 ``lineage.arrow``) are pure functions of (recipe, pin, seed, code version): cutting the
 same recipe at the same pin twice gives byte-identical files. ``snapshot.json`` differs
 only in ``version`` and ``parent``; it records the full pin (``catalog_snapshot_ids``,
-embedding versions under ``embeddings/<model>``) and ``decontamination`` (model,
-version, eval clips, those with vectors, coverage, train clips checked).
+embedding versions under ``embeddings/<model>``), ``decontamination`` (model,
+version, eval clips, those with vectors, coverage, train clips checked) and the cut's
+inputs key as ``inputs_sha256`` (:mod:`manifests.inputs`), by which the service answers
+a repeated cut with the version it already made.
 
 ``lineage.arrow`` answers "which steps served this row" in O(1): one record per
 manifest row (``row``, ``steps: large_list<int64>``), built by one stable argsort over the
@@ -39,6 +41,7 @@ import pyarrow.parquet as pq
 
 from catalog.errors import InvalidInput, InvalidRecipe
 from loader.format import FORMAT_VERSION, INDEX_SCHEMA
+from manifests.inputs import INPUTS_KEY, cut_inputs_sha256
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
 from materializer.recipe import Recipe
 from materializer.select import Selection, check_pools, phase_mask, select
@@ -92,8 +95,12 @@ def cut_snapshot(
     *,
     progress: Progress | None = None,
     workdir: str | os.PathLike[str] | None = None,
+    pin: Pin | None = None,
 ) -> SnapshotRecord:
     """Cut ``recipe`` at its catalog pin and register it as the next version.
+
+    ``pin``, when given, is the recipe's pin already resolved (the service resolves it
+    when the request arrives, so that the cut and its idempotency key see one state).
 
     Raises:
         InvalidRecipe: The recipe names a value the catalog does not hold at the pin
@@ -103,7 +110,7 @@ def cut_snapshot(
     """
     report = progress or (lambda stage, fraction: None)
     with tempfile.TemporaryDirectory(prefix="vidlake-cut-", dir=workdir) as tmp:
-        artifacts, snapshot = build_artifacts(catalog, recipe, Path(tmp), progress=report)
+        artifacts, snapshot = build_artifacts(catalog, recipe, Path(tmp), progress=report, pin=pin)
         report("publish", 0.0)
         record = registry.publish(artifacts, snapshot, parent=registry.next_parent())
         report("publish", 1.0)
@@ -116,6 +123,7 @@ def build_artifacts(
     out: Path,
     *,
     progress: Progress | None = None,
+    pin: Pin | None = None,
 ) -> tuple[dict[str, Path], dict[str, Any]]:
     """Write every artifact of a cut into ``out``; return their paths and snapshot.json.
 
@@ -124,7 +132,7 @@ def build_artifacts(
     """
     report = progress or (lambda stage, fraction: None)
     report("pin", 0.0)
-    pin = _checked_pin(catalog, recipe)
+    pin = _checked_pin(catalog, recipe, pin)
     report("pin", 1.0)
     selection = select(catalog, recipe, pin, progress=report)
     if selection.samples.num_rows == 0:
@@ -173,10 +181,13 @@ def build_artifacts(
 
 
 # -- stages ---------------------------------------------------------------------------
-def _checked_pin(catalog: VidlakeCatalog, recipe: Recipe) -> Pin:
-    """The pin (Iceberg snapshots and embedding versions), after checking every value
-    the recipe names against the catalog there (streams are checked in selection)."""
-    return check_recipe(catalog, recipe, resolve_pin(catalog, recipe), streams=False).pin
+def _checked_pin(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin | None) -> Pin:
+    """The pin (Iceberg snapshots and embedding versions; the recipe's own when ``pin``
+    is None), after checking every value the recipe names against the catalog there
+    (streams are checked in selection)."""
+    if pin is None:
+        pin = resolve_pin(catalog, recipe)
+    return check_recipe(catalog, recipe, pin, streams=False).pin
 
 
 def _embedding_facts(recipe: Recipe, pin: Pin, selection: Selection) -> dict[str, Any]:
@@ -400,6 +411,7 @@ def _snapshot_doc(
         "catalog_snapshot_ids": pin.to_dict(),
         "seed": recipe.seed,
         "code_version": code_version(),
+        INPUTS_KEY: cut_inputs_sha256(recipe.sha256(), pin.to_dict(), code_version()),
         "counts": {
             "candidates": selection.candidates,
             "samples": samples.num_rows,

@@ -262,25 +262,44 @@ def tombstone(
 @app.command()
 def cut(
     recipe: Annotated[Path, typer.Argument(help="Recipe file (YAML or JSON).")],
+    new_version: Annotated[
+        bool,
+        typer.Option(
+            "--new-version",
+            help="Publish a new version even if one with the same inputs exists.",
+        ),
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Cut a snapshot from a recipe at its catalog pin and register the next version."""
+    """Cut a snapshot from a recipe at its catalog pin and register the next version.
+
+    Idempotent: when a published version has the same inputs (recipe, resolved pin,
+    code version), that version is shown instead, unless --new-version."""
     from materializer.recipe import load_recipe
 
     if not recipe.is_file():
         raise InvalidInput(f"{recipe}: no such file", path=str(recipe))
     parsed = load_recipe(recipe)
     if url:
-        result = _cut_remote(_Client(url, token), parsed, progress=not as_json)
+        client = _Client(url, token)
+        result = _cut_remote(client, parsed, new_version=new_version, progress=not as_json)
         _emit(result, as_json, _render_snapshot)
         return
-    from materializer.cut import cut_snapshot
+    from manifests.inputs import cut_inputs_sha256, find_published
+    from materializer.cut import code_version, cut_snapshot, resolve_pin
 
     lake = _lake()
+    pin = resolve_pin(lake.catalog, parsed)
+    if not new_version:
+        key = cut_inputs_sha256(parsed.sha256(), pin.to_dict(), code_version())
+        found = find_published(lake.registry.versions(), lake.registry.get, key)
+        if found is not None:
+            _emit(found.snapshot, as_json, _render_snapshot)
+            return
     with _progress(not as_json) as report:
-        record = cut_snapshot(lake.catalog, lake.registry, parsed, progress=report)
+        record = cut_snapshot(lake.catalog, lake.registry, parsed, progress=report, pin=pin)
     _emit(record.snapshot, as_json, _render_snapshot)
 
 
@@ -317,12 +336,13 @@ def validate(
     _emit(result, as_json, lambda r: out.print(f"[green]valid[/green] {r['name']} {r['sha256']}"))
 
 
-def _cut_remote(client: _Client, recipe: Any, *, progress: bool) -> Any:
+def _cut_remote(client: _Client, recipe: Any, *, new_version: bool, progress: bool) -> Any:
     import time
 
-    job = client.call(
-        "POST", "/v1/snapshots", json={"recipe": json.loads(recipe.to_canonical_json())}
-    )
+    body = {"recipe": json.loads(recipe.to_canonical_json()), "new_version": new_version}
+    job = client.call("POST", "/v1/snapshots", json=body)
+    if "id" not in job:  # 200: a published version already has these inputs
+        return client.call("GET", f"/v1/snapshots/{job['version']}")
     job_id = job["id"]
     with _progress(progress) as report:
         while True:

@@ -143,7 +143,8 @@ def seal(
     endpoint_url: EndpointOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Refuse unless every entry has a verified receipt; write and verify the restore spec."""
+    """Refuse unless every entry has a verified receipt and every object verifies by content
+    in the bucket; write and verify the restore spec."""
     from catalog.objects.s3 import S3ObjectStore
     from manifests.storage.inventory import read_inventory
     from manifests.storage.seal import seal as do_seal

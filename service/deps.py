@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Protocol
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -51,15 +51,33 @@ __all__ = [
 #: within this time; writes through this service at once.
 PIN_TTL_S = 1.0
 
-CutFn = Callable[["VidlakeCatalog", "Registry", "Recipe", "Progress"], "SnapshotRecord"]
+
+class CutFn(Protocol):
+    """What a cut job runs: cut ``recipe`` at ``pin`` (resolved when the request came)
+    and publish it as the next version."""
+
+    def __call__(
+        self,
+        catalog: VidlakeCatalog,
+        registry: Registry,
+        recipe: Recipe,
+        progress: Progress,
+        *,
+        pin: Pin | None = None,
+    ) -> SnapshotRecord: ...
 
 
 def _default_cut(
-    catalog: VidlakeCatalog, registry: Registry, recipe: Recipe, progress: Progress
+    catalog: VidlakeCatalog,
+    registry: Registry,
+    recipe: Recipe,
+    progress: Progress,
+    *,
+    pin: Pin | None = None,
 ) -> SnapshotRecord:
     from materializer.cut import cut_snapshot
 
-    return cut_snapshot(catalog, registry, recipe, progress=progress)
+    return cut_snapshot(catalog, registry, recipe, progress=progress, pin=pin)
 
 
 class Services:

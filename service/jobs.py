@@ -16,6 +16,13 @@ job records outlive the process:
 
 Jobs of other hosts sharing the file are left alone: their liveness cannot be told
 from here.
+
+**Once per key.** :meth:`JobRunner.submit_once` records a job under a *dedupe key*
+(a cut's inputs key) inside one ``BEGIN IMMEDIATE`` transaction: if a job of that kind
+and key is queued, running or has succeeded, that job is returned instead of a new
+one, so identical requests arriving together share one job, across threads and
+processes. :meth:`JobRunner.submit` may record a key too (a forced new cut), which
+such requests then join. A failed job never absorbs later requests.
 """
 
 from __future__ import annotations
@@ -152,6 +159,7 @@ class JobStore:
                     with sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S) as con:
                         con.execute("PRAGMA journal_mode=WAL")
                         con.executescript(_SCHEMA)
+                        _add_dedupe_key(con)
                     con.close()
                     self._ready = True
         con = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S)
@@ -163,26 +171,42 @@ class JobStore:
             con.close()
 
     def create(
-        self, kind: str, params: Mapping[str, Any], *, owner: str | None, runner_id: str
+        self,
+        kind: str,
+        params: Mapping[str, Any],
+        *,
+        owner: str | None,
+        runner_id: str,
+        key: str | None = None,
     ) -> JobRecord:
-        """Record a new queued job."""
-        job_id = f"job_{uuid.uuid4().hex[:20]}"
+        """Record a new queued job (under dedupe ``key``, which later
+        :meth:`create_once` calls may join, but not checked here)."""
         with self._connect() as con:
-            con.execute(
-                "INSERT INTO jobs (id, kind, state, params, owner, host, pid, runner_id,"
-                " created_at) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?)",
-                (
-                    job_id,
-                    kind,
-                    json.dumps(dict(params), sort_keys=True),
-                    owner,
-                    socket.gethostname(),
-                    os.getpid(),
-                    runner_id,
-                    _now(),
-                ),
-            )
+            job_id = _insert(con, kind, params, owner, runner_id, key)
         return self.get(job_id)
+
+    def create_once(
+        self,
+        kind: str,
+        params: Mapping[str, Any],
+        *,
+        key: str,
+        owner: str | None,
+        runner_id: str,
+    ) -> tuple[JobRecord, bool]:
+        """The queued, running or succeeded job of ``kind`` with dedupe ``key``, else
+        a new queued one; returns (record, created). Atomic across processes."""
+        with self._connect() as con:
+            con.execute("BEGIN IMMEDIATE")  # the lookup and the insert under one lock
+            row = con.execute(
+                "SELECT * FROM jobs WHERE dedupe_key = ? AND kind = ? AND state != 'failed'"
+                " ORDER BY created_at DESC, rowid DESC LIMIT 1",
+                (key, kind),
+            ).fetchone()
+            if row is not None:
+                return _record(row), False
+            job_id = _insert(con, kind, params, owner, runner_id, key)
+        return self.get(job_id), True
 
     def get(self, job_id: str) -> JobRecord:
         """One job; NotFound when there is no such id."""
@@ -288,6 +312,41 @@ class JobStore:
         return len(orphans)
 
 
+def _add_dedupe_key(con: sqlite3.Connection) -> None:
+    """Give a job file from before dedupe keys their column and index."""
+    columns = {row[1] for row in con.execute("PRAGMA table_info(jobs)")}
+    if "dedupe_key" not in columns:
+        con.execute("ALTER TABLE jobs ADD COLUMN dedupe_key TEXT")
+    con.execute("CREATE INDEX IF NOT EXISTS jobs_by_key ON jobs (dedupe_key, kind)")
+
+
+def _insert(
+    con: sqlite3.Connection,
+    kind: str,
+    params: Mapping[str, Any],
+    owner: str | None,
+    runner_id: str,
+    key: str | None,
+) -> str:
+    job_id = f"job_{uuid.uuid4().hex[:20]}"
+    con.execute(
+        "INSERT INTO jobs (id, kind, state, params, owner, host, pid, runner_id,"
+        " created_at, dedupe_key) VALUES (?, ?, 'queued', ?, ?, ?, ?, ?, ?, ?)",
+        (
+            job_id,
+            kind,
+            json.dumps(dict(params), sort_keys=True),
+            owner,
+            socket.gethostname(),
+            os.getpid(),
+            runner_id,
+            _now(),
+            key,
+        ),
+    )
+    return job_id
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -318,12 +377,37 @@ class JobRunner:
         self.recovered = store.recover(live)
 
     def submit(
-        self, kind: str, fn: JobFn, params: Mapping[str, Any], *, owner: str | None = None
+        self,
+        kind: str,
+        fn: JobFn,
+        params: Mapping[str, Any],
+        *,
+        owner: str | None = None,
+        key: str | None = None,
     ) -> JobRecord:
-        """Record a queued job and schedule ``fn``; returns the queued record."""
-        record = self.store.create(kind, params, owner=owner, runner_id=self.runner_id)
+        """Record a queued job and schedule ``fn``; returns the queued record. With
+        ``key``, later :meth:`submit_once` calls with that key join this job."""
+        record = self.store.create(kind, params, owner=owner, runner_id=self.runner_id, key=key)
         self._pool.submit(self._run, record.id, fn)
         return record
+
+    def submit_once(
+        self,
+        kind: str,
+        fn: JobFn,
+        params: Mapping[str, Any],
+        *,
+        key: str,
+        owner: str | None = None,
+    ) -> tuple[JobRecord, bool]:
+        """Like :meth:`submit`, unless a job of ``kind`` with dedupe ``key`` is queued,
+        running or succeeded: then that job, not run again. Returns (record, created)."""
+        record, created = self.store.create_once(
+            kind, params, key=key, owner=owner, runner_id=self.runner_id
+        )
+        if created:
+            self._pool.submit(self._run, record.id, fn)
+        return record, created
 
     def _run(self, job_id: str, fn: JobFn) -> None:
         self.store.start(job_id)

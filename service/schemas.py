@@ -87,9 +87,18 @@ class RecipeValidatePublic(_Out):
 
 
 class SnapshotCreate(_In):
-    """Start a cut. ``recipe`` is a recipe mapping or its YAML/JSON text."""
+    """Start a cut. ``recipe`` is a recipe mapping or its YAML/JSON text.
+
+    Cuts are idempotent on their inputs (recipe SHA-256, resolved catalog pin, code
+    version): when a published version has them, it is returned (200) instead of a
+    new job; an identical cut already queued or running is joined (202, its job)."""
 
     recipe: dict[str, Any] | str
+    new_version: bool = Field(
+        False,
+        description="Publish a new version even when one with the same inputs exists "
+        "(it will have the same artifacts)",
+    )
 
 
 class SnapshotPublic(_Out):
@@ -109,6 +118,9 @@ class SnapshotPublic(_Out):
     stream_shares: dict[str, Any] = Field(default_factory=dict)
     artifacts: dict[str, dict[str, Any]] = Field(default_factory=dict)
     pinned: bool = False
+    inputs_sha256: str | None = Field(
+        None, description="SHA-256 of the cut's inputs (recipe, resolved pin, code version)"
+    )
 
 
 class SnapshotsPublic(_Out):

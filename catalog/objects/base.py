@@ -129,8 +129,9 @@ class ObjectStore(ABC):
 
     @abstractmethod
     def verify(self, sha256: str) -> ObjectInfo:
-        """Prove the stored bytes hash to ``sha256`` (the endpoint's full-object
-        checksum where it has one, else a full read). ChecksumMismatch otherwise."""
+        """Prove the stored bytes hash to ``sha256``: by content (a full read), or by a
+        full-object checksum the backend has proven it computes itself (S3: see
+        ``S3ObjectStore.checksums_proven``). ChecksumMismatch otherwise."""
 
     @abstractmethod
     def delete(self, sha256: str, *, reason: str) -> bool:

@@ -12,12 +12,20 @@ What it relies on from the endpoint, and what it does where an endpoint falls sh
   (400 ``BadDigest`` → :class:`ChecksumMismatch`). The upload is also re-hashed while it
   streams, so a file that changes under us never completes. (moto stores the
   checksum it is sent without checking it; the tests do not lean on that check.)
-* **Verification.** ``verify`` takes the endpoint's SHA-256 from ``HeadObject`` with
-  ``ChecksumMode=ENABLED`` only when it covers the whole object: ``ChecksumType`` is
-  ``FULL_OBJECT``, or, where the endpoint reports no type (moto), the object came from
-  a single PUT (its ETag has no ``-N`` part count and the value no ``-N`` suffix). A
-  composite multipart checksum or an ETag is never taken as a content hash; otherwise
-  the object is read in full and hashed.
+* **Verification by content.** A stored SHA-256 is only as good as the endpoint that
+  keeps it: moto (and some S3-compatible servers) store whatever checksum a client
+  sends without checking it, so a corrupt object can carry the "right" one. ``verify``
+  therefore trusts ``HeadObject``'s checksum only once the endpoint has *proven* that it
+  computes checksums itself: a probe PUT (once per store, to a throw-away key under
+  ``_vidlake/``) sends a deliberately wrong SHA-256, and only an endpoint that refuses
+  it (``BadDigest``, as AWS S3 does) is trusted (``checksums_proven``). An endpoint
+  that accepts it (the probe object is deleted again), or a probe that fails in any
+  other way (a read-only credential), proves nothing: then every ``verify`` reads the
+  object in full and hashes it. Even a trusted checksum counts only when it covers the
+  whole object: ``ChecksumType`` is ``FULL_OBJECT``, or, where the endpoint reports no
+  type, the object came from a single PUT (its ETag has no ``-N`` part count and the
+  value no ``-N`` suffix). A composite multipart checksum or an ETag is never taken as
+  a content hash.
 * **Retries.** botocore's ``standard`` (or ``adaptive``) retry mode backs off on
   throttling, 5xx and connection errors.
 
@@ -97,14 +105,19 @@ class S3ObjectStore(ObjectStore):
         retry_mode: botocore retry mode, ``"standard"`` or ``"adaptive"``.
         max_attempts: Attempts per request, including the first.
         verify_existing: When a put finds its object already stored and the endpoint
-            has no full-object checksum for it, read it in full to check it (by default
-            only its size is checked).
+            has no full-object checksum for it that it has proven it computes
+            (:attr:`checksums_proven`), read it in full to check it (by default only
+            its size, and any stored checksum, are checked).
     """
 
     #: Attempts and base backoff for a conditional write that meets a 409 (a concurrent
     #: conditional write to the same key in flight); botocore does not retry those.
     _conflict_attempts = 6
     _conflict_backoff_s = 0.05
+
+    #: Where the checksum probe writes (outside ``objects/`` and outside the named-key
+    #: alphabet's listings, which skip this folder).
+    _probe_dir = "_vidlake/checksum-probe"
 
     def __init__(
         self,
@@ -152,6 +165,8 @@ class S3ObjectStore(ObjectStore):
         self._client: Any = None
         self._client_pid = 0
         self._lock = threading.Lock()
+        self._probe_lock = threading.Lock()
+        self._checksums_proven: bool | None = None
 
     @classmethod
     def from_url(
@@ -179,11 +194,13 @@ class S3ObjectStore(ObjectStore):
         state["_client"] = None
         state["_client_pid"] = 0
         del state["_lock"]
+        del state["_probe_lock"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._probe_lock = threading.Lock()
 
     @property
     def client(self) -> Any:
@@ -319,6 +336,8 @@ class S3ObjectStore(ObjectStore):
         return ObjectInfo(sha256, size)
 
     def verify(self, sha256: str) -> ObjectInfo:
+        """Prove the stored bytes hash to ``sha256``: by the endpoint's full-object
+        SHA-256 where :attr:`checksums_proven`, else by a full read (module docstring)."""
         key = self.key_of(sha256)
         resp = self._call(
             "head",
@@ -327,7 +346,7 @@ class S3ObjectStore(ObjectStore):
         )
         size = int(resp["ContentLength"])
         stored = _full_object_sha256(resp)
-        if stored is not None:
+        if stored is not None and self.checksums_proven:
             if stored != sha256:
                 raise _mismatch(sha256, stored, size, key)
             return ObjectInfo(sha256, size)
@@ -335,6 +354,58 @@ class S3ObjectStore(ObjectStore):
         if actual != sha256:
             raise _mismatch(sha256, actual, size, key)
         return ObjectInfo(sha256, size)
+
+    @property
+    def checksums_proven(self) -> bool:
+        """Whether this endpoint has shown that it checks the SHA-256 a client sends
+        (probed once per store; see the module docstring)."""
+        if self._checksums_proven is None:
+            with self._probe_lock:
+                if self._checksums_proven is None:
+                    self._checksums_proven = self._probe_checksums()
+        return self._checksums_proven
+
+    def _probe_checksums(self) -> bool:
+        """PUT a small body with a wrong SHA-256: True only if the endpoint refuses it."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        name = f"{self._probe_dir}/{uuid.uuid4().hex}"
+        key = f"{self.prefix}/{name}" if self.prefix else name
+        body = f"vidlake checksum probe {name}".encode()
+        wrong = hashlib.sha256(body + b"!").digest()
+        try:
+            self.client.put_object(
+                Bucket=self.bucket,
+                Key=key,
+                Body=body,
+                IfNoneMatch="*",
+                ChecksumAlgorithm="SHA256",
+                ChecksumSHA256=_b64(wrong),
+            )
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in _DIGEST_CODES:
+                log.info("%s checks client checksums: verify trusts its SHA-256", self.url)
+                return True
+            log.warning(
+                "checksum probe on %s failed (%s): verify reads every object in full",
+                self.url,
+                code or exc,
+            )
+            return False
+        except BotoCoreError as exc:
+            log.warning("checksum probe on %s failed (%s): verify reads in full", self.url, exc)
+            return False
+        log.warning(
+            "%s stored a body whose SHA-256 it was told wrongly: it does not check client "
+            "checksums, so verify reads every object in full",
+            self.url,
+        )
+        try:
+            self.client.delete_object(Bucket=self.bucket, Key=key)
+        except (BotoCoreError, ClientError) as exc:  # harmless garbage; say where it is
+            log.warning("could not delete the checksum probe %s: %s", key, exc)
+        return False
 
     def delete(self, sha256: str, *, reason: str) -> bool:
         _check_reason(reason)
@@ -493,7 +564,7 @@ class S3ObjectStore(ObjectStore):
         stored = _full_object_sha256(resp)
         if stored is not None and stored != sha256:
             raise _mismatch(sha256, stored, size, key)
-        if stored is None and self.verify_existing:
+        if self.verify_existing and (stored is None or not self.checksums_proven):
             self.verify(sha256)
         return PutResult(ObjectInfo(sha256, size), created=False)
 

@@ -2,7 +2,9 @@
 
 :func:`seal` refuses unless every inventory entry has a verified receipt for the same
 store, SHA-256 (where the inventory knows it), size and identity, and every object
-still answers ``HEAD`` with its size. It then copies the registry entries to their
+in the bucket still verifies *by content* (:meth:`S3ObjectStore.verify`: a full read
+and hash, or the endpoint's SHA-256 only where the endpoint has proven it checks
+checksums itself) with the receipted size. It then copies the registry entries to their
 named keys in the bucket (create-only; an identical existing key is fine), and writes
 the *restore spec* — the catalog namespace's properties, every Iceberg table's
 metadata location and SHA-256, every catalog file, the registry entries, object counts
@@ -65,7 +67,9 @@ def seal(
 
     Raises:
         InvalidInput: coverage is incomplete (``exc.gaps``); nothing was written.
-        NotFound: a receipted object is gone from the bucket.
+        NotFound: a receipted object is gone from the bucket (``exc.problems``).
+        ChecksumMismatch: a receipted object's stored bytes are not its content
+            (``exc.problems``: ``sha256``, ``path``, ``reason``); nothing was written.
         Conflict: a registry key in the bucket holds other bytes.
         ChecksumMismatch: the spec read back is not what was written.
     """
@@ -78,7 +82,7 @@ def seal(
             gaps=gaps,
         )
     mine = [receipts[e.path] for e in inventory.entries]
-    _check_present(store, mine)
+    _verify_stored(store, mine)
     header = inventory.header
     by_path = {r.path: r for r in mine}
     files = {"warehouse": [], "lance": []}  # type: dict[str, list[dict[str, Any]]]
@@ -159,22 +163,40 @@ def write_json_atomic(path: Path, value: Any) -> None:
     os.replace(tmp, path)
 
 
-def _check_present(store: S3ObjectStore, receipts: list[Receipt]) -> None:
-    def head(r: Receipt) -> str | None:
-        info = store.head(r.sha256)
-        if info is None:
-            return f"{r.sha256} ({r.path}) is missing"
+def _verify_stored(store: S3ObjectStore, receipts: list[Receipt]) -> None:
+    """Every receipted object is in the bucket and its bytes are its content (a
+    receipt says it was so once; a seal must say it is so now). An endpoint failure
+    (StorageError) propagates: it proves nothing either way."""
+
+    def check(r: Receipt) -> dict[str, str] | None:
+        def problem(reason: str, detail: str) -> dict[str, str]:
+            return {"sha256": r.sha256, "path": r.path, "reason": reason, "detail": detail}
+
+        try:
+            info = store.verify(r.sha256)
+        except NotFound:
+            return problem("missing", "not in the bucket")
+        except ChecksumMismatch as exc:
+            return problem("corrupt", exc.message)
         if info.size != r.size:
-            return f"{r.sha256} ({r.path}) has {info.size} bytes, not {r.size}"
+            return problem("size", f"has {info.size} bytes, not {r.size}")
         return None
 
+    # Reads are network-bound; the hashing threads release the GIL.
     with ThreadPoolExecutor(max_workers=16) as pool:
-        problems = [p for p in pool.map(head, receipts) if p]
-    if problems:
+        problems = [p for p in pool.map(check, receipts) if p]
+    if not problems:
+        return
+    first = f"{problems[0]['sha256']} ({problems[0]['path']}): {problems[0]['detail']}"
+    if all(p["reason"] == "missing" for p in problems):
         raise NotFound(
-            f"cannot seal: {len(problems)} receipted objects are not in the bucket: {problems[0]}",
+            f"cannot seal: {len(problems)} receipted objects are not in the bucket: {first}",
             problems=problems,
         )
+    raise ChecksumMismatch(
+        f"cannot seal: {len(problems)} receipted objects do not verify by content: {first}",
+        problems=problems,
+    )
 
 
 def _put_same(store: S3ObjectStore, key: str, data: bytes) -> None:

@@ -10,8 +10,9 @@ For each entry, in a worker pool:
 3. :meth:`S3ObjectStore.put_file` writes ``P/objects/ab/abcd…`` conditionally
    (``If-None-Match: *``, re-hashing the bytes it sends); an object already there
    (a run killed before its receipt) answers 412 and is checked, never replaced;
-4. its identity is checked a third time and the object verified
-   (:meth:`ObjectStore.verify`: the endpoint's full-object SHA-256, else a full read);
+4. its identity is checked a third time and the object verified by content
+   (:meth:`S3ObjectStore.verify`: a full read and hash, or the endpoint's full-object
+   SHA-256 only where the endpoint has proven it checks checksums itself);
 5. a receipt is appended and fsync'd.
 
 A changed file or any error leaves that entry without a receipt and in the report's

@@ -8,10 +8,12 @@ from typing import Annotated, Any
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from fastapi import APIRouter, Header, Path, Query, Response
-from fastapi.responses import StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from catalog.errors import InvalidInput, NotFound
+from manifests.inputs import snapshot_inputs_sha256
 from manifests.registry import SnapshotRecord
+from service.cuts import submit_cut
 from service.deps import Cutter, Reader, Services, Svc
 from service.errors import PayloadTooLarge
 from service.lineage import step_samples
@@ -80,6 +82,7 @@ def snapshot_public(record: SnapshotRecord, pinned: bool = False) -> SnapshotPub
         stream_shares=snap.get("stream_shares") or {},
         artifacts={name: ref.model_dump() for name, ref in record.artifacts.items()},
         pinned=pinned,
+        inputs_sha256=snapshot_inputs_sha256(snap),
     )
 
 
@@ -110,32 +113,35 @@ def validate_recipe(body: SnapshotCreate, services: Svc, principal: Reader) -> R
     "/snapshots",
     response_model=JobPublic,
     status_code=202,
-    responses=_errors(413, 422),
-    summary="Cut a snapshot: starts a background job (202 + job id)",
+    responses={
+        200: {
+            "model": SnapshotPublic,
+            "description": "A published version already has these inputs (recipe, resolved "
+            "pin, code version); Location names it",
+        },
+        202: {
+            "description": "A cut job was started, or an identical one joined (Location: the job)"
+        },
+        **_errors(413, 422),
+    },
+    summary="Cut a snapshot: a background job (202 + job id), or the version these inputs "
+    "already made (200)",
 )
 def create_snapshot(
     body: SnapshotCreate, services: Svc, principal: Cutter, response: Response
-) -> JobPublic:
+) -> Any:
     recipe = _load_recipe(body.recipe)
-    catalog, registry = services.catalog, services.registry
-    cut = services.cut
-
-    def run(progress: Any) -> dict[str, Any]:
-        record = cut(catalog, registry, recipe, progress)
-        return {
-            "version": record.version,
-            "snapshot_sha256": record.entry.snapshot_sha256,
-            "recipe_sha256": record.entry.recipe_sha256,
-        }
-
-    job = services.runner.submit(
-        "cut",
-        run,
-        {"recipe_name": recipe.name, "recipe_sha256": recipe.sha256()},
-        owner=principal.name,
-    )
-    response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return job_public(job)
+    outcome = submit_cut(services, recipe, new_version=body.new_version, owner=principal.name)
+    if outcome.record is not None:
+        pinned = any(p.version == outcome.record.version for p in services.registry.pins())
+        return JSONResponse(
+            snapshot_public(outcome.record, pinned).model_dump(mode="json"),
+            status_code=200,
+            headers={"Location": f"/v1/snapshots/{outcome.record.version}"},
+        )
+    assert outcome.job is not None
+    response.headers["Location"] = f"/v1/jobs/{outcome.job.id}"
+    return job_public(outcome.job)
 
 
 # -- reading --------------------------------------------------------------------------

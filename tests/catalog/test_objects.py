@@ -495,20 +495,76 @@ def test_s3_concurrent_multipart_puts_store_one_object(
     assert uploads.get("Uploads", []) == []
 
 
+def _put_claiming(store: S3ObjectStore, sha256: str, body: bytes) -> None:
+    """Store ``body`` under object ``sha256``'s key with a client-sent SHA-256 that
+    claims it is that object (an endpoint that does not check checksums keeps it)."""
+    s3_client(store.endpoint_url or "").put_object(
+        Bucket=store.bucket,
+        Key=store.key_of(sha256),
+        Body=body,
+        ChecksumAlgorithm="SHA256",
+        ChecksumSHA256=base64.b64encode(bytes.fromhex(sha256)).decode(),
+    )
+
+
 @pytest.mark.s3
-def test_s3_single_put_sends_sha256_and_verify_uses_it(
+def test_s3_single_put_sends_sha256(s3_store: S3ObjectStore) -> None:
+    data = b"checksummed"
+    h = s3_store.put_bytes(data).info.sha256
+    head = s3_client(s3_store.endpoint_url or "").head_object(
+        Bucket=s3_store.bucket, Key=s3_store.key_of(h), ChecksumMode="ENABLED"
+    )
+    assert base64.b64decode(head["ChecksumSHA256"]).hex() == h
+
+
+@pytest.mark.s3
+def test_s3_verify_reads_the_content_when_the_endpoint_keeps_unchecked_checksums(
     s3_store: S3ObjectStore, s3_request_counter: S3RequestCounter
 ) -> None:
+    data = blob(40_000, seed=9)
+    h = s3_store.put_bytes(data).info.sha256
+    # moto stores a client-sent SHA-256 without checking it: a corrupt body that claims
+    # the right checksum is accepted, and its HEAD reports the claim.
+    bad = bytes([data[0] ^ 1]) + data[1:]
+    _put_claiming(s3_store, h, bad)
+    head = s3_client(s3_store.endpoint_url or "").head_object(
+        Bucket=s3_store.bucket, Key=s3_store.key_of(h), ChecksumMode="ENABLED"
+    )
+    assert base64.b64decode(head["ChecksumSHA256"]).hex() == h  # the lie, as stored
+    with pytest.raises(ChecksumMismatch) as info:
+        s3_store.verify(h)
+    # Caught by the full read (botocore may already refuse the body for disagreeing with
+    # the checksum the endpoint sends along; else the store's own hash differs).
+    assert info.value.details["key"] == s3_store.key_of(h)
+    assert s3_request_counter.count("GetObject", s3_store.key_of(h)) == 1  # by content
+    assert s3_store.checksums_proven is False
+    strict = S3ObjectStore(s3_store.bucket, s3_store.prefix, verify_existing=True)
+    with pytest.raises(ChecksumMismatch):  # a put of the true bytes finds the lie too
+        strict.put_bytes(data)
+    # The probe that found out left nothing behind, and is not repeated.
+    assert stored_keys(s3_store) == [s3_store.key_of(h)]
+    good = s3_store.put_bytes(b"fine").info
+    s3_request_counter.reset()
+    assert s3_store.verify(good.sha256) == good
+    assert s3_request_counter.count("PutObject") == 0
+    assert s3_request_counter.count("GetObject", s3_store.key_of(good.sha256)) == 1
+
+
+@pytest.mark.s3
+def test_s3_verify_trusts_a_checksum_only_where_the_endpoint_proves_it_checks_them(
+    s3_store: S3ObjectStore, s3_request_counter: S3RequestCounter
+) -> None:
+    # An endpoint that checks client checksums refuses the probe's deliberately wrong
+    # one with BadDigest, as AWS S3 does; then its stored SHA-256 stands for the bytes.
     data = b"checksummed"
     h = s3_store.put_bytes(data).info.sha256
     key = s3_store.key_of(h)
-    head = s3_client(s3_store.endpoint_url or "").head_object(
-        Bucket=s3_store.bucket, Key=key, ChecksumMode="ENABLED"
-    )
-    assert base64.b64decode(head["ChecksumSHA256"]).hex() == h
     s3_request_counter.reset()
-    s3_store.verify(h)
-    assert s3_request_counter.count("GetObject", key) == 0  # the full-object checksum sufficed
+    s3_request_counter.fail("PutObject", 1, status=400, code="BadDigest")  # the probe
+    assert s3_store.verify(h).size == len(data)
+    assert s3_store.checksums_proven is True
+    assert s3_request_counter.count("PutObject") == 1
+    assert s3_request_counter.count("GetObject", key) == 0  # the HEAD's checksum sufficed
 
     # Rewritten behind our back with a consistent checksum of other bytes: the checksum
     # path catches it without reading the object.
@@ -523,6 +579,19 @@ def test_s3_single_put_sends_sha256_and_verify_uses_it(
     with pytest.raises(ChecksumMismatch) as info:
         s3_store.verify(h)
     assert info.value.details["actual"] == sha(bad)
+    assert s3_request_counter.count("GetObject", key) == 0
+
+
+@pytest.mark.s3
+def test_s3_a_probe_that_fails_otherwise_proves_nothing(
+    s3_store: S3ObjectStore, s3_request_counter: S3RequestCounter
+) -> None:
+    h = s3_store.put_bytes(b"fine").info.sha256
+    s3_request_counter.reset()
+    s3_request_counter.fail("PutObject", 1, status=403, code="AccessDenied")  # read-only
+    assert s3_store.verify(h).size == 4
+    assert s3_store.checksums_proven is False
+    assert s3_request_counter.count("GetObject", s3_store.key_of(h)) == 1
 
 
 def test_s3_only_full_object_checksums_count_as_content_hashes() -> None:

@@ -17,10 +17,22 @@ leased file that vanished), ``flaky`` (a fetch that wrote a corrupt byte on purp
 with probability ``cfg["flaky"]``), ``refused`` (a lease the cache refused with
 ChecksumMismatch) and ``violation`` (a fetch while another fetch of the key ran, or
 while the key was resident).
+
+With ``cfg["disk"]`` (``capacity``, ``tenant`` folder, ``lock`` file) the cache sits on a
+simulated filesystem of ``capacity`` bytes shared with whatever the test writes into the
+tenant folder: the cache's free-space probe sees ``capacity - tenant - cache payload``,
+and a fetch that does not fit writes what fits and raises ``OSError(ENOSPC)``, under an
+``flock`` that makes "check the room, write" atomic as a real filesystem's allocator is.
+Then ``enospc`` (a fetch that hit ENOSPC) and ``diskfull`` (a lease refused with
+``CacheFull(reason="disk")``) are logged too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -36,7 +48,7 @@ from typing import Any, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from catalog.errors import ChecksumMismatch
+from catalog.errors import CacheFull, ChecksumMismatch
 from loader.cache import NodeCache
 
 
@@ -52,6 +64,37 @@ class _EventLog(logging.Handler):
         if event:
             self.out.write(f"{event} {record.sha256}\n")
             self.out.flush()
+
+
+def payload(root: Path, *subs: str) -> int:
+    """Bytes of the files under ``root`` (or its ``subs``), tolerating deletions."""
+    total = 0
+    for sub in subs or ("",):
+        for folder, _, files in os.walk(root / sub):
+            for name in files:
+                with contextlib.suppress(FileNotFoundError):  # deleted while we walk
+                    total += os.stat(os.path.join(folder, name)).st_size
+    return total
+
+
+def simulated_free(root: str, disk: dict[str, Any]) -> int:
+    """The free-space probe of the simulated filesystem (picklable via partial)."""
+    # tmp/ before objects/: a download renamed into place during the walk is counted
+    # twice (too little room, safe), never missed (which would overfill the disk).
+    used = payload(Path(root), "tmp", "objects") + payload(Path(disk["tenant"]))
+    return int(disk["capacity"]) - used
+
+
+def _write_within(disk: dict[str, Any], root: str, tmp: Path, data: bytes, out: TextIO) -> None:
+    """Write ``data`` to ``tmp`` as a full filesystem would: what fits, then ENOSPC."""
+    with open(disk["lock"], "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        room = max(simulated_free(root, disk), 0)
+        with open(tmp, "wb") as f:
+            f.write(data[:room])
+    if room < len(data):
+        out.write(f"enospc {tmp.name}\n")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
 
 
 def _fetcher(cfg: dict[str, Any], cache: NodeCache, out: TextIO) -> Callable[[str], Any]:
@@ -79,7 +122,10 @@ def _fetcher(cfg: dict[str, Any], cache: NodeCache, out: TextIO) -> Callable[[st
                 out.write(f"violation {key} fetched-while-resident\n")
             try:
                 time.sleep(cfg.get("fetch_delay_s", 0.0))
-                if store is not None:
+                if cfg.get("disk"):
+                    data = store.get(key) if store is not None else (src / key).read_bytes()
+                    _write_within(cfg["disk"], cfg["root"], tmp, data, out)
+                elif store is not None:
                     store.download(key, tmp)
                 else:
                     shutil.copyfile(src / key, tmp)
@@ -104,12 +150,14 @@ def _open(cfg: dict[str, Any]) -> NodeCache:
         cache = pickle.loads(Path(cfg["pickle"]).read_bytes())
         assert isinstance(cache, NodeCache)
         return cache
+    disk = cfg.get("disk")
     return NodeCache(
         cfg["root"],
         cfg["budget"],
         reserve_bytes=0,
         verify_hits=cfg.get("verify_hits", True),
         full_wait_s=cfg.get("full_wait_s", 0.0),
+        disk_free=functools.partial(simulated_free, disk=disk) if disk else None,
     )
 
 
@@ -130,6 +178,11 @@ def _read(
             ok = path.exists()
     except ChecksumMismatch:
         out.write(f"refused {key}\n")
+        return
+    except CacheFull as exc:
+        if exc.details.get("reason") != "disk":
+            raise
+        out.write(f"diskfull {key}\n")
         return
     except FileNotFoundError:
         ok = False

@@ -8,6 +8,7 @@ Hypothesis state machine that checks the cache against an exact LRU model.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -30,7 +31,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from catalog.errors import CacheError, CacheFull, ChecksumMismatch, InvalidInput
+from catalog.errors import CacheError, CacheFull, ChecksumMismatch, InvalidInput, StorageError
 from loader import cache as cache_module
 from loader.cache import NodeCache
 
@@ -277,6 +278,181 @@ def test_too_little_free_disk_is_refused_and_changes_nothing(root: Path, src: So
         k: before[k] for k in ("entries", "bytes", "reserved", "misses", "evictions")
     }
     assert src.fetches[src.keys[1]] == 0
+
+
+class Disk:
+    """A simulated filesystem of ``capacity`` bytes holding the cache's payload plus
+    ``tenant`` bytes that another program wrote: a free-space probe and a fetch that
+    fails with ENOSPC, as a real write would, when the bytes do not fit."""
+
+    def __init__(self, root: Path, capacity: int) -> None:
+        self.root, self.capacity, self.tenant = root, capacity, 0
+        self.enospc = 0
+
+    def free(self, _root: Path) -> int:
+        return self.capacity - self.tenant - payload_bytes(self.root)
+
+    def fetch(self, src: Source, key: str) -> Callable[[Path], None]:
+        def write(tmp: Path) -> None:
+            src.fetches[key] += 1
+            room = self.free(self.root)
+            data = src.blobs[key]
+            if len(data) > room:
+                tmp.write_bytes(data[: max(room, 0)])  # a partial write
+                self.enospc += 1
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+            tmp.write_bytes(data)
+
+        return write
+
+
+def test_a_full_disk_evicts_unleased_lru_entries_before_the_budget_is_reached(
+    root: Path, src: Source
+) -> None:
+    k100, k200, k300, k400, *_ = src.keys
+    disk = Disk(root, 700)  # fills before the budget (1000) does
+    with _open(root, disk_free=disk.free) as cache:
+        for key in (k100, k200, k300):
+            src.read(cache, key)
+        src.read(cache, k100)  # k200 is now the least recently used
+        with cache.lease(k400, 400, disk.fetch(src, k400)) as path:  # 600 + 400 > 700
+            assert path.read_bytes() == src.blobs[k400]
+        resident = {p.name for p in (root / "objects").rglob("*") if p.is_file()}
+        assert resident == {k100, k400}  # k200 then k300 went, oldest first
+        stats = cache.stats()
+        assert (stats["evictions"], stats["bytes"]) == (2, 500) and disk.enospc == 0
+        assert stats["disk_free_bytes"] == disk.free(root) == 200
+
+
+def test_a_full_disk_with_every_entry_leased_is_refused_and_changes_nothing(
+    root: Path, src: Source
+) -> None:
+    k100, k200, k300, k400, *_ = src.keys
+    disk = Disk(root, 700)
+    with _open(root, disk_free=disk.free) as cache:
+        src.read(cache, k100)
+        with src.lease(cache, k200), src.lease(cache, k300):
+            before = cache.stats()
+            with pytest.raises(CacheFull) as err, src.lease(cache, k400):
+                pass
+            after = cache.stats()
+        assert (err.value.reason, err.value.needed, err.value.free_disk) == ("disk", 400, 100)
+        assert {k: after[k] for k in ("entries", "bytes", "reserved", "misses", "evictions")} == {
+            k: before[k] for k in ("entries", "bytes", "reserved", "misses", "evictions")
+        }
+        assert src.fetches[k400] == 0
+        # Once the leases end, the same miss evicts and goes through.
+        assert src.read(cache, k400) == src.blobs[k400]
+
+
+def test_enospc_during_a_download_is_cache_full_disk_and_returns_the_reservation(
+    root: Path, src: Source
+) -> None:
+    k100, k300 = src.keys[0], src.keys[2]
+    calls: list[Path] = []
+
+    def no_space(tmp: Path) -> None:  # a quota, say: the free-space probe sees room
+        calls.append(tmp)
+        tmp.write_bytes(src.blobs[k300][:120])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp))
+
+    with _open(root, full_wait_s=30) as cache:
+        src.read(cache, k100)
+        started = time.monotonic()
+        with pytest.raises(CacheFull) as err, cache.lease(k300, 300, no_space):
+            pass
+        # Not waited on like a full budget: that would download it again and again.
+        assert time.monotonic() - started < 5
+        assert err.value.reason == "disk" and err.value.enospc is True
+        assert isinstance(err.value.__cause__, OSError)
+        assert err.value.__cause__.errno == errno.ENOSPC
+        assert len(calls) == 2  # one retry, after the probe had another look
+        stats = cache.stats()
+        assert (stats["reserved"], stats["entries"]) == (0, 1)
+        assert payload_bytes(root) == stats["bytes"] == 100
+        assert not list((root / "tmp").iterdir())
+
+
+def test_enospc_once_retries_after_evicting_what_the_disk_needs(root: Path, src: Source) -> None:
+    k100, k200, k300, *_ = src.keys
+    disk = Disk(root, 1000)
+    with _open(root, disk_free=disk.free) as cache:
+        src.read(cache, k100)
+        src.read(cache, k200)  # 300 used, 700 free: the probe lets a 300-byte miss start
+        fetch = disk.fetch(src, k300)
+        calls: list[Path] = []
+
+        def first_fails(tmp: Path) -> None:
+            if not calls:
+                disk.tenant = 500  # a checkpoint lands mid-download: 200 free
+            calls.append(tmp)
+            fetch(tmp)
+
+        with cache.lease(k300, 300, first_fails) as path:
+            assert path.read_bytes() == src.blobs[k300]
+        assert len(calls) == 2 and disk.enospc == 1
+        stats = cache.stats()
+        assert stats["evictions"] == 1 and stats["bytes"] == 500  # k100 (LRU) made room
+
+
+def test_enospc_wrapped_by_the_store_is_cache_full_disk(root: Path, src: Source) -> None:
+    key = src.keys[0]
+
+    def store_download(tmp: Path) -> None:
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as exc:
+            raise StorageError(f"cannot write {tmp}: {exc}") from exc
+
+    with _open(root) as cache:
+        with pytest.raises(CacheFull) as err, cache.lease(key, 100, store_download):
+            pass
+        assert err.value.reason == "disk"
+        assert cache.stats()["reserved"] == 0
+
+
+def test_other_os_errors_in_a_fetch_are_not_disguised(root: Path, src: Source) -> None:
+    def denied(tmp: Path) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(tmp))
+
+    with _open(root) as cache:
+        with pytest.raises(PermissionError), cache.lease(src.keys[0], 100, denied):
+            pass
+        assert cache.stats()["reserved"] == 0
+
+
+def test_a_full_disk_can_wait_for_leases_like_a_full_budget(root: Path, src: Source) -> None:
+    k100, k200, *_ = src.keys
+    disk = Disk(root, 250)
+    with _open(root, disk_free=disk.free, full_wait_s=10) as cache:
+        held = contextlib.ExitStack()
+        held.enter_context(src.lease(cache, k100))
+        threading.Timer(0.2, held.close).start()
+        started = time.monotonic()
+        assert src.read(cache, k200) == src.blobs[k200]  # waited for k100's lease
+        assert 0.15 < time.monotonic() - started < 10
+        assert cache.stats()["evictions"] == 1
+
+
+def test_a_database_that_cannot_grow_is_cache_full_disk(root: Path) -> None:
+    blobs = [_blob(i, 10) for i in range(400)]
+    with _open(root, 1 << 20) as cache:
+        conn = cache._conn()  # SQLite's own SQLITE_FULL: no page may be added
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count = {pages}")
+        with pytest.raises(CacheFull) as err:
+            for blob in blobs:
+                key = hashlib.sha256(blob).hexdigest()
+                with cache.lease(key, 10, lambda tmp, b=blob: tmp.write_bytes(b)):
+                    pass
+        assert err.value.reason == "disk"
+        assert isinstance(err.value.__cause__, sqlite3.OperationalError)
+
+
+def test_a_disk_free_probe_must_be_callable(root: Path) -> None:
+    with pytest.raises(InvalidInput) as err:
+        _open(root, disk_free=42)  # type: ignore[arg-type]
+    assert err.value.field == "disk_free"
 
 
 # -- leases and eviction -------------------------------------------------------------

@@ -9,12 +9,18 @@ through one cache whose budget is a third of the working set, while this process
 and afterwards checks, from what every process logged: no reader ever got bytes that
 fail their SHA-256, no object was fetched while it was resident or by two processes at
 once (fetches of a key <= its evictions + corrupt drops + 1), and the statistics add up.
-A second test kills a process mid-download and another holding a lease.
+A second runs the same hammer on a simulated filesystem that fills long before the
+budget does, while another program's files come and go on it: misses must evict to
+make room on the disk (never refuse forever), an ENOSPC mid-download must come back as
+``CacheFull(reason="disk")`` or a successful retry (never a raw ``OSError``), and the
+disk must never hold more than its capacity. A third test kills a process
+mid-download and another holding a lease.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -37,6 +43,9 @@ from loader.cache import NodeCache
 pytestmark = pytest.mark.slow
 
 WORKER = Path(__file__).with_name("_cache_worker.py")
+sys.path.insert(0, str(WORKER.parent))
+from _cache_worker import payload as _files_bytes  # noqa: E402
+
 PROCESSES = 8
 HAMMER_S = 6.0
 
@@ -265,3 +274,116 @@ def test_sigkill_mid_download_and_mid_lease_leaves_nothing_unreclaimable(tmp_pat
         for key, size in ((k, k_size), (j, j_size)):
             with cache.lease(key, size, lambda tmp, key=key: store.download(key, tmp)) as p:
                 assert hashlib.sha256(p.read_bytes()).hexdigest() == key
+
+
+class Tenant(threading.Thread):
+    """Another program on the cache's filesystem: writes files of random size (what
+    fits) and deletes them again, under the simulated filesystem's allocation lock."""
+
+    def __init__(self, disk: dict[str, Any], root: Path) -> None:
+        super().__init__(daemon=True)
+        self.disk, self.root = disk, root
+        self.stop = threading.Event()
+        self.peak = 0
+
+    def run(self) -> None:
+        rng = random.Random(11)
+        folder = Path(self.disk["tenant"])
+        capacity = int(self.disk["capacity"])
+        n = 0
+        while not self.stop.wait(rng.uniform(0.01, 0.05)):
+            with open(self.disk["lock"], "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                free = capacity - _files_bytes(self.root, "tmp", "objects") - _files_bytes(folder)
+                size = max(min(rng.randrange(capacity // 2), free), 0)
+                (folder / f"f{n}").write_bytes(b"\0" * size)
+            self.peak = max(self.peak, size)
+            time.sleep(rng.uniform(0.01, 0.08))
+            (folder / f"f{n}").unlink()
+            n += 1
+
+
+class DiskMonitor(threading.Thread):
+    """Samples cache payload plus tenant files under both locks (the cache's write lock
+    and the filesystem's): their sum must never exceed the capacity."""
+
+    def __init__(self, disk: dict[str, Any], root: Path) -> None:
+        super().__init__(daemon=True)
+        self.disk, self.root = disk, root
+        self.stop = threading.Event()
+        self.samples: list[int] = []
+
+    def run(self) -> None:
+        db = sqlite3.connect(self.root / "cache.db", isolation_level=None, timeout=60)
+        while not self.stop.is_set():
+            db.execute("BEGIN IMMEDIATE")
+            with open(self.disk["lock"], "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                used = _payload(self.root) + _files_bytes(Path(self.disk["tenant"]))
+            db.execute("COMMIT")
+            self.samples.append(used)
+            time.sleep(0.005)
+        db.close()
+
+
+def test_eight_processes_on_a_disk_that_fills_before_the_budget(tmp_path: Path) -> None:
+    rng = random.Random(5)
+    keys = _populate(tmp_path / "store", [rng.randrange(4 << 10, 48 << 10) for _ in range(48)], 6)
+    working_set = sum(size for _, size in keys)
+    capacity = working_set // 3  # the budget (the whole working set) never binds
+    (tmp_path / "tenant").mkdir()
+    disk = {
+        "capacity": capacity,
+        "tenant": str(tmp_path / "tenant"),
+        "lock": str(tmp_path / "disk.lock"),
+    }
+    root = tmp_path / "cache"
+    NodeCache(root, working_set, reserve_bytes=0).close()
+    cfg = {
+        "mode": "hammer",
+        "root": str(root),
+        "budget": working_set,
+        "src": str(tmp_path / "store"),
+        "store": True,
+        "events": str(tmp_path / "events"),
+        "keys": keys,
+        "seconds": HAMMER_S,
+        "fetch_delay_s": 0.002,
+        "hold_s": 0.002,
+        "full_wait_s": 0.5,  # a full disk waits for leases, as a full budget does
+        "disk": disk,
+    }
+    tenant, monitor = Tenant(disk, root), DiskMonitor(disk, root)
+    tenant.start()
+    monitor.start()
+    procs = [_worker({**cfg, "seed": i}) for i in range(PROCESSES)]
+    try:
+        for proc in procs:
+            _, err = proc.communicate(timeout=HAMMER_S + 60)
+            assert proc.returncode == 0, err  # no raw OSError, no refusal other than disk
+    finally:
+        tenant.stop.set()
+        monitor.stop.set()
+        tenant.join(30)
+        monitor.join(30)
+
+    events = _events(tmp_path / "events")
+    counts = Counter(events)
+    kinds = Counter(event for event, _ in events)
+    assert kinds["bad"] == 0 and kinds["violation"] == 0
+    # The disk, not the budget, drove eviction, and misses kept being served.
+    assert kinds["read"] >= 500 and kinds["evict"] >= 20, kinds
+    assert kinds["enospc"] >= 1, "the tenant never caught a download mid-write"
+    assert kinds["diskfull"] < kinds["read"] // 10, kinds
+    for key, _ in keys:
+        left = counts["evict", key] + counts["enospc", key]
+        assert counts["fetch", key] <= left + 1, key
+    assert len(monitor.samples) >= 100
+    assert max(monitor.samples) <= capacity
+    with NodeCache(root, working_set, reserve_bytes=0) as cache:
+        stats = cache.stats()
+    assert stats["misses"] == kinds["fetch"]
+    assert stats["hits"] + stats["misses"] == kinds["read"] + kinds["enospc"]
+    assert (stats["leases"], stats["reserved"], stats["reclaimed"]) == (0, 0, 0)
+    assert stats["bytes"] == _payload(root) <= capacity
+    assert not list((root / "tmp").iterdir())

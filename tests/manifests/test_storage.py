@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import os
@@ -180,6 +181,80 @@ def test_tampered_spec_or_metadata_is_detected(
     client.put_object(Bucket=s3_bucket, Key=store.key_of(meta_sha), Body=b"{}")
     with pytest.raises(ChecksumMismatch):
         restore(spec_file, tmp_path / "r2")
+
+
+def _corrupt_claiming_its_checksum(store: S3ObjectStore, sha256: str, data: bytes) -> None:
+    """Put corrupt bytes under ``sha256``'s key with a client-sent SHA-256 that claims
+    they are the object: the S3 server (moto) keeps the claim without checking it."""
+    bad = bytes([data[0] ^ 1]) + data[1:]
+    s3_client(store.endpoint_url or "").put_object(
+        Bucket=store.bucket,
+        Key=store.key_of(sha256),
+        Body=bad,
+        ChecksumAlgorithm="SHA256",
+        ChecksumSHA256=base64.b64encode(bytes.fromhex(sha256)).decode(),
+    )
+
+
+def _small_entries(tmp_path: Path, n: int = 4) -> tuple[Any, ...]:
+    from manifests.storage.inventory import InventoryEntry
+
+    folder = tmp_path / "data"
+    folder.mkdir(exist_ok=True)
+    entries = []
+    for i in range(n):
+        p = folder / f"f{i}.bin"
+        p.write_bytes(bytes([i + 1]) * (2000 + i))
+        entries.append(InventoryEntry.of("latent", p, hashlib.sha256(p.read_bytes()).hexdigest()))
+    return tuple(entries)
+
+
+def test_upload_gives_no_receipt_for_a_corrupt_object_with_a_lying_checksum(
+    s3_server: str, s3_bucket: str, tmp_path: Path
+) -> None:
+    entries = _small_entries(tmp_path)
+    store = _store(s3_server, s3_bucket)
+    victim = entries[1]
+    assert victim.sha256 is not None
+    # A corrupt copy is already in the bucket (an earlier run, another tool), and it
+    # claims the right SHA-256: the conditional PUT answers 412 and only the bytes tell.
+    _corrupt_claiming_its_checksum(store, victim.sha256, Path(victim.path).read_bytes())
+    receipts = tmp_path / "r.jsonl"
+    report = upload_entries(entries, store, receipts, workers=2)
+    assert [f["path"] for f in report.failed] == [victim.path]
+    assert "corrupt" in report.failed[0]["error"] or "checksum" in report.failed[0]["error"]
+    assert victim.path not in read_receipts(receipts)
+    assert len(read_receipts(receipts)) == len(entries) - 1
+
+
+def test_seal_verifies_every_object_by_content(
+    s3_server: str, s3_bucket: str, tmp_path: Path
+) -> None:
+    from manifests.storage.inventory import Inventory
+
+    entries = _small_entries(tmp_path)
+    store = _store(s3_server, s3_bucket)
+    receipts = tmp_path / "r.jsonl"
+    assert upload_entries(entries, store, receipts, workers=2).ok
+    victim = entries[2]
+    assert victim.sha256 is not None
+    # Corrupted in the bucket after its receipt, same size, checksum claim intact.
+    _corrupt_claiming_its_checksum(store, victim.sha256, Path(victim.path).read_bytes())
+    header = {
+        "tables": {},
+        "warehouse": str(tmp_path / "warehouse"),
+        "snapshot": 1,
+        "namespace": "vidlake",
+        "namespace_properties": {},
+    }
+    inv = Inventory(header=header, entries=entries)
+    # (Without the corruption this inventory seals: the check below is what refuses.)
+    with pytest.raises(ChecksumMismatch) as exc:
+        seal(inv, receipts, store, tmp_path / "sealed")
+    assert [p["sha256"] for p in exc.value.problems] == [victim.sha256]
+    assert exc.value.problems[0]["reason"] == "corrupt"
+    assert not (tmp_path / "sealed").exists()
+    assert store.list_keys("restore-specs/") == []
 
 
 @pytest.mark.parametrize("known_sha", [False, True], ids=["catalog-file", "content-addressed"])

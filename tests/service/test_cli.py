@@ -55,8 +55,12 @@ def test_cut_then_list_show_step_sql_and_diff(home: Path, tmp_path: Path) -> Non
     assert sql.returncode == 0, sql.stderr
     assert json.loads(sql.stdout)["rows"][0][0] > 0
 
-    again = _vidlake(home, "cut", str(recipe), "--json")
+    same = _vidlake(home, "cut", str(recipe), "--json")  # same inputs: the same version
+    assert same.returncode == 0, same.stderr
+    assert json.loads(same.stdout)["version"] == 1
+    again = _vidlake(home, "cut", str(recipe), "--new-version", "--json")
     assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["version"] == 2
     diff = json.loads(_vidlake(home, "diff", "1", "2").stdout)
     assert diff["num_clips_added"] == diff["num_clips_removed"] == 0  # same pin, same cut
 

@@ -162,7 +162,9 @@ def cut_client(world: World, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     barrier = threading.Barrier(2, timeout=20)
     counter = iter(range(100, 10_000))
 
-    def cut(catalog: Any, registry: Any, recipe: Any, progress: Any) -> SnapshotRecord:
+    def cut(
+        catalog: Any, registry: Any, recipe: Any, progress: Any, *, pin: Any = None
+    ) -> SnapshotRecord:
         progress("select", 0.5)
         seed = next(counter)
         paths, snapshot = write_fake_cut(world, work / f"cut{seed}", seed=seed)
@@ -210,7 +212,11 @@ def test_racing_cuts_one_wins_one_reports_conflict(cut_client: TestClient) -> No
 
     recipe = yaml.safe_load(RECIPE.read_text())
     recipe["description"] = "race"
-    jobs = [cut_client.post("/v1/snapshots", json={"recipe": recipe}).json() for _ in range(2)]
+    # Identical requests would share one job: asking for new versions makes two cuts.
+    jobs = [
+        cut_client.post("/v1/snapshots", json={"recipe": recipe, "new_version": True}).json()
+        for _ in range(2)
+    ]
     results = sorted((poll(cut_client, j["id"]) for j in jobs), key=lambda j: j["state"])
     assert [j["state"] for j in results] == ["failed", "succeeded"]
     lost, won = results
@@ -315,3 +321,80 @@ def test_real_cut_job_and_its_forensics(world: World) -> None:
         # lineage.arrow and a scan of the plan agree on the steps that served the clip.
         expected = sorted(p["step"] for p in plan if 0 in p["rows"])
         assert served[v]["rows"] == [0] and served[v]["steps"] == expected
+
+
+# -- once per key -------------------------------------------------------------------------
+def test_submit_once_shares_one_job_per_key_until_it_fails(tmp_path: Path) -> None:
+    store = JobStore(tmp_path / "jobs.db")
+    runner = JobRunner(store, workers=4)
+    gate = threading.Event()
+    runs: list[str] = []
+
+    def work(progress: Callable[[str, float], None]) -> dict[str, Any]:
+        runs.append("ran")
+        gate.wait(10)
+        return {"version": 1}
+
+    barrier = threading.Barrier(8)
+
+    def submit(_: int) -> tuple[JobRecord, bool]:
+        barrier.wait(10)
+        return runner.submit_once("cut", work, {"k": "a"}, key="key-a")
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(submit, range(8)))
+    assert sum(created for _, created in results) == 1
+    assert len({job.id for job, _ in results}) == 1
+    other, created = runner.submit_once("cut", work, {}, key="key-b")  # another key: its own
+    assert created and other.id != results[0][0].id
+    gate.set()
+    done = wait_done(lambda: store.get(results[0][0].id))
+    assert done.state == "succeeded" and runs == ["ran", "ran"]
+    # A succeeded job still answers for its key; a failed one does not.
+    again, created = runner.submit_once("cut", work, {}, key="key-a")
+    assert (again.id, created) == (done.id, False)
+
+    def conflict(progress: Callable[[str, float], None]) -> None:
+        raise Conflict("lost", version=2, latest=2)
+
+    lost, _ = runner.submit_once("cut", conflict, {}, key="key-c")
+    assert wait_done(lambda: store.get(lost.id)).state == "failed"
+    retry, created = runner.submit_once("cut", work, {}, key="key-c")
+    assert created and retry.id != lost.id
+    wait_done(lambda: store.get(retry.id))
+    # The same key under another kind is another job.
+    assert runner.submit_once("export", work, {}, key="key-a")[1]
+    # A job submitted unconditionally under a key (a forced new version) is joined too.
+    forced = runner.submit("cut", work, {}, key="key-d")
+    forced_again = runner.submit("cut", work, {}, key="key-d")
+    assert forced_again.id != forced.id
+    joined, created = runner.submit_once("cut", work, {}, key="key-d")
+    assert not created and joined.id == forced_again.id  # the newest
+    runner.close()
+
+
+def test_a_job_file_from_before_dedupe_keys_is_upgraded(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "jobs.db"
+    with sqlite3.connect(path) as con:  # the schema as it was, with one old job
+        con.executescript(
+            "CREATE TABLE jobs (id TEXT PRIMARY KEY, kind TEXT NOT NULL, state TEXT NOT NULL,"
+            " stage TEXT, progress REAL NOT NULL DEFAULT 0, params TEXT NOT NULL, result TEXT,"
+            " error TEXT, owner TEXT, host TEXT NOT NULL, pid INTEGER NOT NULL,"
+            " runner_id TEXT NOT NULL, created_at TEXT NOT NULL, started_at TEXT,"
+            " finished_at TEXT);"
+            "INSERT INTO jobs (id, kind, state, params, host, pid, runner_id, created_at,"
+            " result) VALUES ('job_old', 'cut', 'succeeded', '{}', 'h', 1, 'r',"
+            " '2026-01-01T00:00:00+00:00', '{\"version\": 1}');"
+        )
+    con.close()
+    store = JobStore(path)
+    assert store.get("job_old").result == {"version": 1}
+    job, created = store.create_once("cut", {}, key="k", owner=None, runner_id="r")
+    assert created and store.create_once("cut", {}, key="k", owner=None, runner_id="r") == (
+        job,
+        False,
+    )

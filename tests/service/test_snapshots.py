@@ -5,11 +5,27 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from manifests.registry import canonical_json
-from tests.service.support import STREAMS, TestClient, World, artifact_table, assert_error
+from service.app import create_app
+from tests.service.support import (
+    STREAMS,
+    TestClient,
+    World,
+    artifact_table,
+    assert_error,
+    build_world,
+    serve,
+)
 
 
 def test_list_and_get_snapshot_json(client: TestClient, world: World) -> None:
@@ -216,3 +232,157 @@ def test_patch_pin_and_diff(client: TestClient, world: World) -> None:
     assert client.delete("/v1/snapshots/1/pin").json()["changed"] is False
     assert_error(client.post("/v1/snapshots/1/pin", json={"reason": ""}), 422)
     assert_error(client.post("/v1/snapshots/42/pin", json={"reason": "x"}), 404)
+
+
+# -- idempotent cuts --------------------------------------------------------------------
+CUT_RECIPE: dict[str, Any] = {
+    "name": "idempotent-cut",
+    "seed": 11,
+    "tokenizer_version": "vae-v1",
+    "filters": [{"name": "aesthetic", "version": "2", "min": 0.0}],
+    "streams": [
+        {"name": "a", "where": "source = 'stock-a'"},
+        {"name": "b", "where": "source = 'stock-b'"},
+    ],
+    "captions": {"version": "1", "kinds": ["dense"]},
+    "buckets": {"latent_frames": [12], "aspect_ratios": ["16:9"]},
+    "phases": [
+        {
+            "name": "p",
+            "rung": "256p",
+            "weights": {"a": 0.5, "b": 0.5},
+            "steps": 5,
+            "global_batch": 4,
+            "rank_multiple": 1,
+        }
+    ],
+}
+
+
+@pytest.fixture
+def cutter(tmp_path: Path) -> Iterator[tuple[str, World]]:
+    """A fresh world (no versions yet) served by uvicorn, cutting for real."""
+    world = build_world(tmp_path / "world", snapshots=0)
+    with serve(create_app(world.settings(), catalog=world.catalog)) as url:
+        yield url, world
+
+
+def _cut(url: str, recipe: dict[str, Any], **extra: Any) -> httpx.Response:
+    return httpx.post(f"{url}/v1/snapshots", json={"recipe": recipe, **extra}, timeout=60)
+
+
+def _version_of(url: str, response: httpx.Response) -> int:
+    """The version a cut request names: at once (200) or once its job is done (202)."""
+    body = response.json()
+    if response.status_code == 200:
+        assert response.headers["location"] == f"/v1/snapshots/{body['version']}"
+        return int(body["version"])
+    assert response.status_code == 202, response.text
+    assert response.headers["location"] == f"/v1/jobs/{body['id']}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job = httpx.get(f"{url}/v1/jobs/{body['id']}", timeout=30).json()
+        if job["state"] in ("succeeded", "failed"):
+            assert job["state"] == "succeeded", job
+            return int(job["result"]["version"])
+        time.sleep(0.05)
+    raise AssertionError(f"job {body['id']} did not finish")
+
+
+def test_eight_concurrent_identical_cuts_make_one_version(cutter: tuple[str, World]) -> None:
+    url, world = cutter
+    barrier = threading.Barrier(8)
+
+    def post(_: int) -> httpx.Response:
+        barrier.wait(30)
+        return _cut(url, CUT_RECIPE)
+
+    with ThreadPoolExecutor(8) as pool:
+        responses = list(pool.map(post, range(8)))
+    assert {r.status_code for r in responses} <= {200, 202}
+    # Every request that started or joined a job names the same one.
+    job_ids = {r.json()["id"] for r in responses if r.status_code == 202}
+    assert len(job_ids) == 1, job_ids
+    versions = {_version_of(url, r) for r in responses}
+    assert versions == {1}
+    assert world.registry.versions() == [1]
+    jobs = httpx.get(f"{url}/v1/jobs", params={"kind": "cut"}, timeout=30).json()
+    assert jobs["count"] == 1
+    # Once published, the same request is answered at once with that version.
+    again = _cut(url, CUT_RECIPE)
+    assert again.status_code == 200 and again.json()["version"] == 1
+    assert again.headers["location"] == "/v1/snapshots/1"
+    snapshot = world.registry.get(1).snapshot
+    assert again.json()["inputs_sha256"] == snapshot["inputs_sha256"]
+    assert jobs["data"][0]["params"]["inputs_sha256"] == snapshot["inputs_sha256"]
+
+
+def test_a_new_recipe_a_new_commit_or_new_version_true_make_new_versions(
+    cutter: tuple[str, World],
+) -> None:
+    url, world = cutter
+    assert _version_of(url, _cut(url, CUT_RECIPE)) == 1
+    # Asked for explicitly: a new version of the same inputs, with the same artifacts.
+    forced = _cut(url, CUT_RECIPE, new_version=True)
+    assert forced.status_code == 202
+    assert _version_of(url, forced) == 2
+    one, two = world.registry.get(1), world.registry.get(2)
+    assert one.snapshot["inputs_sha256"] == two.snapshot["inputs_sha256"]
+    assert one.snapshot["artifacts"] == two.snapshot["artifacts"]
+    # Same inputs again: the newest version that has them.
+    assert _cut(url, CUT_RECIPE).json()["version"] == 2
+    # Another recipe: a new version.
+    changed = {**CUT_RECIPE, "seed": 12}
+    assert _version_of(url, _cut(url, changed)) == 3
+    # A new catalog commit: the pin moved, so the same recipe makes a new version.
+    world.catalog.add_scores(
+        [
+            {"clip_id": c, "filter_name": "aesthetic", "filter_version": "2", "score": 9.0}
+            for c in world.train_clips[:2]
+        ]
+    )
+    after = _cut(url, CUT_RECIPE)
+    assert after.status_code == 202
+    assert _version_of(url, after) == 4
+    four = world.registry.get(4).snapshot
+    assert four["inputs_sha256"] != one.snapshot["inputs_sha256"]
+    assert four["catalog_snapshot_ids"] != one.snapshot["catalog_snapshot_ids"]
+    assert_error(_cut(url, CUT_RECIPE, new_version="maybe"), 422)
+    assert world.registry.versions() == [1, 2, 3, 4]
+
+
+def test_the_cli_cuts_through_the_service_idempotently(cutter: tuple[str, World]) -> None:
+    from materializer.recipe import load_recipe
+    from service.cli import _Client, _cut_remote
+
+    url, world = cutter
+    recipe = load_recipe(CUT_RECIPE)
+    client = _Client(url, None)
+    first = _cut_remote(client, recipe, new_version=False, progress=False)
+    again = _cut_remote(client, recipe, new_version=False, progress=False)  # a 200
+    forced = _cut_remote(client, recipe, new_version=True, progress=False)
+    assert (first["version"], again["version"], forced["version"]) == (1, 1, 2)
+    assert world.registry.versions() == [1, 2]
+
+
+def test_a_cut_job_cuts_the_state_its_request_resolved(tmp_path: Path) -> None:
+    from service.deps import _default_cut
+
+    world = build_world(tmp_path / "world", snapshots=0)
+    scores = [
+        {"clip_id": c, "filter_name": "aesthetic", "filter_version": "2", "score": 8.0}
+        for c in world.train_clips[:1]
+    ]
+
+    def cut(catalog: Any, registry: Any, recipe: Any, progress: Any, *, pin: Any = None) -> Any:
+        catalog.add_scores(scores)  # a commit lands after the request resolved its pin
+        return _default_cut(catalog, registry, recipe, progress, pin=pin)
+
+    with serve(create_app(world.settings(), catalog=world.catalog, cut=cut)) as url:
+        response = _cut(url, CUT_RECIPE)
+        version = _version_of(url, response)
+        params = httpx.get(f"{url}/v1/jobs/{response.json()['id']}", timeout=30).json()["params"]
+    snapshot = world.registry.get(version).snapshot
+    assert snapshot["catalog_snapshot_ids"] == params["catalog_snapshot_ids"]
+    assert snapshot["catalog_snapshot_ids"] != world.catalog.pin().to_dict()
+    assert snapshot["inputs_sha256"] == params["inputs_sha256"]

@@ -1,0 +1,83 @@
+"""Cut requests, idempotent on their inputs.
+
+``POST /v1/snapshots`` resolves the recipe's pin when the request arrives (``latest``
+becomes snapshot ids) and computes the cut's inputs key
+(:func:`manifests.inputs.cut_inputs_sha256`: recipe SHA-256, resolved pin, code
+version). Then, unless the caller asks for a new version:
+
+1. a published version with that key answers the request (the newest such version);
+2. else a cut job with that key that is queued, running or has succeeded is joined
+   (:meth:`service.jobs.JobRunner.submit_once`, atomic across threads and processes;
+   a succeeded one answers with its version);
+3. else a new job cuts at exactly the resolved pin.
+
+A job that loses the race for a version number to a *different* cut still fails with
+the registry's ``conflict``, as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from manifests.inputs import cut_inputs_sha256, find_published
+from manifests.registry import SnapshotRecord
+from service.jobs import JobRecord
+
+if TYPE_CHECKING:
+    from materializer.recipe import Recipe
+    from service.deps import Services
+
+__all__ = ["CutOutcome", "submit_cut"]
+
+
+@dataclass(frozen=True)
+class CutOutcome:
+    """Either the published version that has the inputs, or the job that makes it."""
+
+    record: SnapshotRecord | None = None
+    job: JobRecord | None = None
+    created: bool = False
+
+
+def submit_cut(
+    services: Services, recipe: Recipe, *, new_version: bool, owner: str | None
+) -> CutOutcome:
+    """Answer a cut request (see the module docstring)."""
+    from materializer.cut import code_version, resolve_pin
+
+    catalog, registry, cut = services.catalog, services.registry, services.cut
+    pin = resolve_pin(catalog, recipe)
+    key = cut_inputs_sha256(recipe.sha256(), pin.to_dict(), code_version())
+    reader = services.reader
+    if not new_version:
+        found = find_published(reader.versions(), reader.record, key)
+        if found is not None:
+            return CutOutcome(record=found)
+
+    def run(progress: Any) -> dict[str, Any]:
+        record = cut(catalog, registry, recipe, progress, pin=pin)
+        return {
+            "version": record.version,
+            "snapshot_sha256": record.entry.snapshot_sha256,
+            "recipe_sha256": record.entry.recipe_sha256,
+            "inputs_sha256": key,
+        }
+
+    params = {
+        "recipe_name": recipe.name,
+        "recipe_sha256": recipe.sha256(),
+        "inputs_sha256": key,
+        "catalog_snapshot_ids": pin.to_dict(),
+        "new_version": new_version,
+    }
+    runner = services.runner
+    if new_version:
+        # Recorded under the key: identical requests arriving while it runs join it.
+        job = runner.submit("cut", run, params, owner=owner, key=key)
+        return CutOutcome(job=job, created=True)
+    job, created = runner.submit_once("cut", run, params, key=key, owner=owner)
+    version = (job.result or {}).get("version")
+    if not created and job.state == "succeeded" and isinstance(version, int):
+        return CutOutcome(record=reader.record(version))
+    return CutOutcome(job=job, created=created)
