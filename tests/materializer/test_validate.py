@@ -21,6 +21,7 @@ from manifests.registry import Registry
 from materializer.cut import build_artifacts, cut_snapshot
 from materializer.recipe import Recipe, load_recipe
 from materializer.validate import check_recipe
+from tests.fixtures.recipes import small_corpus_demo
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_RECIPE = REPO / "docs" / "recipes" / "demo.yaml"
@@ -52,7 +53,8 @@ def _copy_embeddings(
 
 
 def _demo(**changes: Any) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(load_recipe(DEMO_RECIPE).to_canonical_json())
+    # The test corpora are far smaller than the demo's: opt in to repeats in a step.
+    data: dict[str, Any] = json.loads(load_recipe(small_corpus_demo()).to_canonical_json())
     data["exclusions"]["eval_near_duplicates"]["embedding_model"] = MODEL
     data["semantic_dedup"]["embedding_model"] = MODEL
     for path, value in changes.items():
