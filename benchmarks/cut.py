@@ -42,8 +42,7 @@ TIERS = np.array(["licensed", "crawl", "synthetic"])
 ASPECTS = [(16, 9), (4, 3), (1, 1), (9, 16)]
 
 
-def _recipe(plan_rows: int) -> dict[str, Any]:
-    batch = 1024
+def _recipe(plan_rows: int, batch: int) -> dict[str, Any]:
     return {
         "name": "bench-cut",
         "seed": 11,
@@ -227,6 +226,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clips", type=int, default=1_000_000)
     parser.add_argument("--plan-rows", type=int, default=10_000_000)
+    # A step draws ~batch * share from each (stream, bucket) pool; below ~100k clips
+    # some pools hold fewer samples than that and the cut refuses them: lower it.
+    parser.add_argument("--batch", type=int, default=1024, help="global batch (multiple of 64)")
     args = parser.parse_args()
     from materializer.cut import build_artifacts
 
@@ -250,7 +252,7 @@ def main() -> None:
         out.mkdir()
         t0 = time.perf_counter()
         _, snap = build_artifacts(
-            catalog, load_recipe(_recipe(args.plan_rows)), out, progress=progress
+            catalog, load_recipe(_recipe(args.plan_rows, args.batch)), out, progress=progress
         )
         cut_s = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -766,16 +766,19 @@ class _PoolWalk:
         """The rows (and their tokens) of consecutive steps drawing ``counts[i]`` each."""
         n, start = self.n, self.drawn
         stop = start + int(counts.sum())
-        bounds = step_boundaries(start, counts, n)
         parts: list[Int64s] = []
         epoch, last = start // n, (stop - 1) // n
+        bounds = step_boundaries(start, counts, n) if last > epoch else None
         while epoch <= last:
             if epoch == self._cached:
                 span, perms = 1, self._perm[None, :]
             else:
                 span = min(last - epoch + 1, max(1, _PERM_BLOCK // n))
                 perms = self._epochs(epoch, span)
-                defer_tails(perms, self._perm, epoch, bounds.select(epoch, epoch + span))
+                if bounds is not None:  # they lie in epochs start // n + 1 .. last
+                    whole = epoch <= start // n + 1 and span > last - epoch
+                    block = bounds if whole else bounds.select(epoch, epoch + span)
+                    defer_tails(perms, self._perm, epoch, block)
                 self._cached, self._perm = epoch + span - 1, perms[-1]
             lo = max(start - epoch * n, 0)
             hi = min(stop - epoch * n, span * n)

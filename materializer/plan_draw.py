@@ -135,12 +135,17 @@ def _partition(
     tail[owner * n + values] = True
     head = perms[rows, :width]
     in_tail = tail[head + (np.arange(nb) * n)[:, None]]
-    wanted = np.minimum(h, a)  # a = n - L rows lie outside the tail
+    wanted = np.minimum(h, a)[:, None]  # a = n - L rows lie outside the tail
     fresh = np.cumsum(~in_tail, axis=1)
-    extent = np.argmax(fresh >= wanted[:, None], axis=1) + 1
-    key = np.where(np.arange(width) < extent[:, None], in_tail, 2).astype(np.int8)
-    order = np.argsort(key, axis=1, kind="stable")
-    return head[np.arange(nb)[:, None], order], extent.astype(np.int64)
+    extent = np.argmax(fresh >= wanted, axis=1) + 1
+    # Stable partition of each prefix without a sort: the k-th row outside the tail
+    # goes to k - 1, the k-th tail row to wanted + k - 1; the rest stays.
+    j = np.arange(width)
+    dest = np.where(in_tail, wanted + j - fresh, fresh - 1)
+    dest = np.where(j < extent[:, None], dest, j) + (np.arange(nb) * width)[:, None]
+    out = np.empty(nb * width, dtype=np.int64)
+    out[dest.reshape(-1)] = head.reshape(-1)
+    return out.reshape(nb, width), extent.astype(np.int64)
 
 
 def _partition_one(perm: Int64s, before: Int64s, a: int, h: int) -> int:
