@@ -90,15 +90,34 @@ def check_key(key: object) -> str:
 
 
 def batch_sha256(batch: pa.Table) -> str:
-    """SHA-256 (hex) of a normalised batch's canonical bytes (module docstring)."""
+    """SHA-256 (hex) of a normalised batch's canonical bytes (module docstring).
+
+    The IPC stream is hashed as it is written (never held whole in memory)."""
     cols = sorted(batch.column_names)
     table = batch.select(cols).combine_chunks()
     schema = pa.schema([table.schema.field(c).remove_metadata() for c in cols])
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema) as writer:
-        for chunk in table.cast(schema).to_batches():
+    table = pa.Table.from_arrays(table.columns, schema=schema)  # zero-copy
+    sink = _HashSink()
+    with pa.ipc.new_stream(pa.PythonFile(sink, mode="w"), schema) as writer:
+        for chunk in table.to_batches():
             writer.write_batch(chunk)
-    return hashlib.sha256(memoryview(sink.getvalue())).hexdigest()
+    return sink.digest.hexdigest()
+
+
+class _HashSink:
+    """A write-only file object that hashes what it is given."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.digest.update(data)
+        return len(data)
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
 
 
 def derived_key(batch_sha: str) -> str:
