@@ -23,10 +23,21 @@ Ingest (``add_*``) takes a ``pyarrow.Table`` or a list of dicts, checks every ro
 * ``latents``: the clip exists; the object exists in the object store (or is
   referenced there: :mod:`catalog.objects.refs`) and
   ``offset + length`` fits in it (``object_size`` is recorded from the store); a
-  latent already present (clip, rung, tokenizer, member SHA-256) is a duplicate.
+  member that is the whole object carries the object's SHA-256; each member's
+  header agrees with the row (:mod:`catalog.latent_headers`); a latent already
+  present (clip, rung, tokenizer, member SHA-256) is a duplicate.
 * ``tombstones``, ``asset_events``: the asset exists.
-* ``scores`` and ``captions`` carry a version; ``jobs`` a job id and a stage. These are
-  append-only facts: readers take the latest (``latest_scores``, ``latest_captions``).
+* ``scores`` and ``captions``: the clip exists; they carry a version; ``jobs`` a job id
+  and a stage. These are append-only facts: readers take the latest
+  (``latest_scores``, ``latest_captions``).
+* Names a recipe selects by (rung, filter name, caption kind, versions) have the
+  recipe's shapes (:mod:`catalog.names`, checked in :mod:`catalog.tables`).
+
+Every batch has an idempotency key (``idempotency_key=``, else the SHA-256 of its
+canonical bytes) recorded in the snapshot summary of its commit; a rerun with a
+recorded key writes nothing and returns the first result, ``replayed``
+(:mod:`catalog.idempotency`). Lost near-duplicate events of an interrupted
+``add_assets`` are re-derived by the next one (:mod:`catalog.link_events`).
 
 Reads go through a :class:`Pin` (table → Iceberg snapshot id), so that a snapshot cut
 sees one consistent state and can be replayed months later. Eval rows are left out
