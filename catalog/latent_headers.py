@@ -113,8 +113,12 @@ def canonical_dtype(name: object) -> str | None:
     return None
 
 
-def parse_header(fmt: str, read: Read, length: int) -> dict[str, TensorHeader] | None:
-    """The tensors a member's header describes (None for ``pt``: no header to read).
+Header = dict[str, TensorHeader] | TensorHeader | None
+
+
+def parse_header(fmt: str, read: Read, length: int) -> Header:
+    """The tensors a member's header describes: ``{key: tensor}`` for safetensors, the
+    one (unnamed) array of a ``.npy``, None for ``pt`` (no header to read).
 
     Args:
         fmt: ``safetensors``, ``npy`` or ``pt``.
@@ -172,7 +176,7 @@ def _dim(value: Any) -> int:
     return value
 
 
-def _npy(read: Read, length: int) -> dict[str, TensorHeader]:
+def _npy(read: Read, length: int) -> TensorHeader:
     head = read(0, min(length, HEAD_BYTES))
     if not head.startswith(_NPY_MAGIC) or len(head) < 10:
         raise HeaderError("not a .npy file (no NUMPY magic)")
@@ -196,7 +200,7 @@ def _npy(read: Read, length: int) -> dict[str, TensorHeader]:
         raise HeaderError(f".npy dtype {descr!r} is not a native-order number type")
     if start + n + math.prod(shape) * dtype.itemsize > length:
         raise HeaderError(f".npy data {dtype.name}{list(shape)} passes the member's end")
-    return {"": TensorHeader(str(dtype.name), shape)}
+    return TensorHeader(str(dtype.name), shape)
 
 
 # -- checking a batch -------------------------------------------------------------------
@@ -257,12 +261,10 @@ def check_latent_headers(
             )
 
 
-def _read_all(
-    store: ObjectStore, members: list[_Member]
-) -> dict[_Member, dict[str, TensorHeader] | HeaderError | None]:
+def _read_all(store: ObjectStore, members: list[_Member]) -> dict[_Member, Header | HeaderError]:
     """Each member's parsed header (or its HeaderError), read in parallel."""
 
-    def one(member: _Member) -> dict[str, TensorHeader] | HeaderError | None:
+    def one(member: _Member) -> Header | HeaderError:
         sha, offset, length, fmt = member
 
         def read(start: int, n: int) -> bytes:
@@ -282,35 +284,35 @@ def _read_all(
 
 
 def _disagreement(
-    header: dict[str, TensorHeader] | None,
+    header: Header,
     keys: list[str],
     shapes: list[list[int]] | None,
     dtypes: list[str] | None,
     frames: int | None,
 ) -> tuple[str, str] | None:
     """``(field, what)`` of the first way a row disagrees with its header, or None."""
-    wanted = [canonical_dtype(d) for d in dtypes] if dtypes is not None else None
-    if wanted is not None and None in wanted:
-        bad = dtypes[wanted.index(None)] if dtypes else None
-        return "dtypes", f"unknown dtype {bad!r}"
+    names = dtypes or []
+    wanted = [canonical_dtype(d) for d in names]
+    if None in wanted:
+        return "dtypes", f"unknown dtype {names[wanted.index(None)]!r}"
     if header is None:
         return None  # pt: nothing to read without unpickling
-    if "" in header:  # a .npy: one unnamed array, under the row's one key
+    if isinstance(header, TensorHeader):  # a .npy: one array, under the row's one key
         if len(keys) != 1:
             return "tensor_keys", f"a .npy holds one array, the row names {len(keys)} keys"
-        header = {keys[0]: header[""]}
+        header = {keys[0]: header}
     missing = [k for k in keys if k not in header]
     if missing:
         return "tensor_keys", f"the header lacks tensors {missing} (has {sorted(header)})"
-    found = [header[k] for k in keys]
-    for i, t in enumerate(found):
+    for i, key in enumerate(keys):
+        t = header[key]
         if shapes is not None and tuple(shapes[i]) != t.shape:
-            return "shapes", f"tensor {keys[i]!r} is {list(t.shape)}, the row says {shapes[i]}"
-        if wanted is not None and wanted[i] != t.dtype:
-            return "dtypes", f"tensor {keys[i]!r} is {t.dtype}, the row says {dtypes[i]!r}"  # type: ignore[index]
+            return "shapes", f"tensor {key!r} is {list(t.shape)}, the row says {shapes[i]}"
+        if dtypes is not None and wanted[i] != t.dtype:
+            return "dtypes", f"tensor {key!r} is {t.dtype}, the row says {names[i]!r}"
         if frames is not None and len(t.shape) == 4 and t.shape[1] != frames:
             return "latent_frames", (
-                f"tensor {keys[i]!r} {list(t.shape)} has {t.shape[1]} frames on axis 1, "
+                f"tensor {key!r} {list(t.shape)} has {t.shape[1]} frames on axis 1, "
                 f"the row says {frames}"
             )
     return None

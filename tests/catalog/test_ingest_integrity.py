@@ -190,7 +190,7 @@ def test_parse_header_reads_long_headers_in_a_second_range() -> None:
         return data[start : start + n]
 
     got = parse_header("safetensors", read, len(data))
-    assert got is not None and {k: (t.dtype, t.shape) for k, t in got.items()} == {
+    assert isinstance(got, dict) and {k: (t.dtype, t.shape) for k, t in got.items()} == {
         "a": ("float32", (2, 3)),
         "b": ("uint8", (4,)),
     }
