@@ -20,8 +20,9 @@ from tests.catalog.test_catalog import asset, cid, clip, fingerprint, flip, trai
 
 
 @pytest.fixture
-def cat(tmp_path: Path) -> Any:
-    with VidlakeCatalog.open(CatalogConfig.embedded(tmp_path / "lake")) as c:
+def cat(catalog_config: CatalogConfig) -> Any:
+    """A catalog with one asset and four clips, on each SQL backend."""
+    with VidlakeCatalog.open(catalog_config) as c:
         a = train_ids(c, 1)[0]
         c.add_assets([asset(0, asset_id=a)])
         c.add_clips([clip(a, k) for k in range(4)])
@@ -93,9 +94,9 @@ def test_canonical_bytes_ignore_column_order_and_input_form(cat: VidlakeCatalog)
     assert cat.add_scores(table).replayed
 
 
-def test_a_lost_commit_race_rechecks_the_key(cat: VidlakeCatalog, tmp_path: Path) -> None:
+def test_a_lost_commit_race_rechecks_the_key(cat: VidlakeCatalog) -> None:
     """Two writers with one key: the loser's retry finds the winner's commit."""
-    other = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path / "lake"))
+    other = VidlakeCatalog.open(cat.config)
     real = catalog_module.fast_append
     raced: list[Any] = []
     calls: list[str] = []
