@@ -1,4 +1,4 @@
-"""The child of ``test_ingest_crash.py``: reruns a fixed sequence of ingest batches.
+"""The child of ``test_ingest_crash.py``: (re)runs a fixed sequence of ingest batches.
 
 Started by a ``forkserver`` that has imported the catalog already, so a child costs a
 fork and a catalog open, not an interpreter start. It reports on its pipe before and
@@ -111,8 +111,8 @@ def expected_links(rounds: int) -> list[tuple[str, str]]:
     )
 
 
-def run(mode: str, root: str, rounds: int, conn: Connection) -> None:
-    """Ingest rounds ``0..rounds-1`` (reruns replay what a killed run committed)."""
+def run(mode: str, root: str, first: int, rounds: int, conn: Connection) -> None:
+    """Ingest rounds ``first..rounds-1`` (a rerun replays what a killed run committed)."""
     cat = VidlakeCatalog.open(CatalogConfig.embedded(root, eval_fraction=0.0))
     if mode == "assets":
         real = VidlakeCatalog._append_links
@@ -124,7 +124,7 @@ def run(mode: str, root: str, rounds: int, conn: Connection) -> None:
 
         VidlakeCatalog._append_links = slow_links  # type: ignore[method-assign]
     conn.send(("ready",))
-    for r in range(rounds):
+    for r in range(first, rounds):
         if mode == "assets":
             conn.send(("start", r, "assets"))
             result = cat.add_assets(asset_batch(r))
