@@ -136,6 +136,8 @@ _LINK_FAILURES: tuple[type[Exception], ...] = (
     StorageError,
     NotFound,
 )
+#: An events commit that fails for any of these is re-derived by a later add_assets.
+_EVENT_FAILURES: tuple[type[Exception], ...] = (*_LINK_FAILURES, Conflict)
 _CREATE_RACES: tuple[type[Exception], ...] = (*_BACKEND_ERRORS, NamespaceAlreadyExistsError)
 
 
@@ -639,7 +641,8 @@ class VidlakeCatalog:
                     return
                 except CommitFailedException:
                     _backoff(attempt)
-        except _LINK_FAILURES as exc:
+            raise Conflict(f"gave up after {_COMMIT_ATTEMPTS} concurrent commits")
+        except _EVENT_FAILURES as exc:
             log.warning(
                 "near-duplicate events of assets snapshot %d not recorded (the next "
                 "add_assets re-derives them): %s",
@@ -659,7 +662,11 @@ class VidlakeCatalog:
         for sid in sorted(planned.planned_events):
             if link_events.events_key(sid) in recorded.keys:
                 continue
-            events = self._rederive_link_events(assets, sid)
+            try:
+                events = self._rederive_link_events(assets, sid)
+            except _LINK_FAILURES as exc:  # a later add_assets tries again
+                log.warning("re-deriving the events of assets snapshot %d failed: %s", sid, exc)
+                continue
             log.warning(
                 "assets snapshot %d lost its %d near-duplicate events; re-deriving them",
                 sid,
