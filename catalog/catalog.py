@@ -99,7 +99,7 @@ from catalog.errors import (
     StorageError,
     VidlakeError,
 )
-from catalog.latent_headers import check_latent_headers
+from catalog.latent_headers import check_latent_headers, member_hashes, member_ranges
 from catalog.objects import ObjectStore, open_store
 from catalog.objects.refs import resolve_head
 from catalog.tables import (
@@ -621,76 +621,35 @@ class VidlakeCatalog:
         return self._keys.setdefault(table, idempotency.KeyIndex())
 
     def _append_links(self, events: pa.Table, assets_snapshot: int) -> None:
-        """Append the near-duplicate events of an assets commit, once: the commit is
-        keyed by :func:`link_events.events_key`, re-checked after a lost race. A
-        failure here loses nothing for good: the next ``add_assets`` re-derives them
-        (:meth:`_repair_link_events`), and the assets' ``near_duplicates`` column
-        holds every link meanwhile."""
-        key = link_events.events_key(assets_snapshot)
+        """Append the near-duplicate events of an assets commit, once (a keyed commit,
+        re-checked after a lost race). A failure loses nothing for good: the next
+        ``add_assets`` re-derives them (:meth:`_repair_link_events`), and the assets'
+        ``near_duplicates`` column holds every link meanwhile."""
         try:
-            for attempt in range(_COMMIT_ATTEMPTS):
-                tbl = self._load("asset_events")
-                if self._key_index("asset_events").lookup(tbl.metadata, key) is not None:
-                    return
-                rows = conform(events, tbl.schema())
-                props = idempotency.summary_properties(
-                    key, idempotency.batch_sha256(rows), {"inserted": rows.num_rows}
-                )
-                try:
-                    fast_append(tbl, rows, {"vidlake.rows": str(rows.num_rows), **props})
-                    return
-                except CommitFailedException:
-                    _backoff(attempt)
-            raise Conflict(f"gave up after {_COMMIT_ATTEMPTS} concurrent commits")
-        except _EVENT_FAILURES as exc:
-            log.warning(
-                "near-duplicate events of assets snapshot %d not recorded (the next "
-                "add_assets re-derives them): %s",
+            link_events.append_once(
+                lambda: self._load("asset_events"),
+                self._key_index("asset_events"),
+                events,
                 assets_snapshot,
-                exc,
+                _COMMIT_ATTEMPTS,
             )
+        except _EVENT_FAILURES as exc:
+            log.warning("events of assets snapshot %d not recorded: %s", assets_snapshot, exc)
 
     def _repair_link_events(self, assets: Table) -> None:
         """Append the events of every assets commit whose events commit is missing
         (a writer killed between its two commits; see :mod:`catalog.link_events`)."""
         planned = self._key_index("assets")
-        planned.refresh(assets.metadata)
-        if not planned.planned_events:
-            return
         recorded = self._key_index("asset_events")
-        recorded.refresh(self._load("asset_events").metadata)
-        for sid in sorted(planned.planned_events):
-            if link_events.events_key(sid) in recorded.keys:
-                continue
+        for sid in link_events.missing(assets, planned, recorded, self._load("asset_events")):
             try:
-                events = self._rederive_link_events(assets, sid)
+                old, new = link_events.committed_batch(assets, sid)
             except _LINK_FAILURES as exc:  # a later add_assets tries again
                 log.warning("re-deriving the events of assets snapshot %d failed: %s", sid, exc)
                 continue
-            log.warning(
-                "assets snapshot %d lost its %d near-duplicate events; re-deriving them",
-                sid,
-                events.num_rows,
-            )
+            events = link_events.rederive(old, self._cached("near_dup_events").data, new)
+            log.warning("assets snapshot %d lost %d link events; re-derived", sid, len(events))
             self._append_links(events, sid)
-
-    def _rederive_link_events(self, assets: Table, sid: int) -> pa.Table:
-        snap = assets.metadata.snapshot_by_id(sid)
-        parent = snap.parent_snapshot_id if snap is not None else None
-        cols = ("asset_id", "probe_bitrate", "near_duplicates", "duplicate_of")
-        try:
-            if parent is None:
-                old = arrow_schema(assets.schema()).empty_table().select(list(cols))
-            else:
-                old = assets.scan(selected_fields=cols, snapshot_id=parent).to_arrow()
-            new = assets.incremental_append_scan(
-                from_snapshot_id_exclusive=parent,
-                to_snapshot_id_inclusive=sid,
-                selected_fields=cols,
-            ).to_arrow()
-        except _BACKEND_ERRORS as exc:
-            raise StorageError(f"reading assets failed: {exc}", table="assets") from exc
-        return link_events.rederive(old, self._cached("near_dup_events").data, new)
 
     def _plan_plain(self, batch: pa.Table, tbl: Table) -> _Plan:
         return _Plan(batch)
@@ -897,8 +856,8 @@ class VidlakeCatalog:
                     row=row,
                     field="object_size",
                 )
-        offset, length = _member_ranges(batch, size)
-        member = _member_hashes(batch, (offset == 0) & (length == size))
+        offset, length = member_ranges(batch, size)
+        member = member_hashes(batch, (offset == 0) & (length == size))
         check_latent_headers(self.objects, batch, offset.tolist(), length.tolist())
         rows = batch.drop_columns(
             [c for c in ("length", "member_sha256", "object_size") if c in batch.column_names]
@@ -1339,58 +1298,6 @@ def _filter(row_filter: str | BooleanExpression | None) -> BooleanExpression:
                 f"cannot parse row filter {row_filter!r}: {exc}", field="row_filter"
             ) from exc
     return row_filter
-
-
-def _member_ranges(
-    batch: pa.Table, size: NDArray[np.int64]
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """Each latent's ``(offset, length)`` in its object of ``size`` bytes (an absent
-    length runs to the end, which only a standalone latent at offset 0 may omit)."""
-    offset = _np(batch["offset"]).astype(np.int64)
-    given = batch["length"] if "length" in batch.column_names else pa.nulls(len(batch), pa.int64())
-    length_null = _np(pc.is_null(given)).astype(np.bool_)
-    if (row := _first_bad(~length_null | (offset == 0))) is not None:
-        raise InvalidBatch(
-            f"row {row}, field 'length': required for a packed member", row=row, field="length"
-        )
-    length = np.where(length_null, size - offset, _np(pc.fill_null(given, 0)).astype(np.int64))
-    if (row := _first_bad(offset + length <= size)) is not None:
-        raise InvalidBatch(
-            f"row {row}, field 'length': [{offset[row]}, +{length[row]}) "
-            f"passes the object's end {size[row]}",
-            row=row,
-            field="length",
-        )
-    return offset, length
-
-
-def _member_hashes(batch: pa.Table, whole: NDArray[np.bool_]) -> pa.ChunkedArray | pa.Array:
-    """Each latent's member SHA-256: given for a packed member; for a member that is
-    the whole object, the object's (the store verified those bytes hash to it, so a
-    different given hash is a lie the loader would trip over at training time)."""
-    obj = batch["object_sha256"]
-    member = (
-        batch["member_sha256"]
-        if "member_sha256" in batch.column_names
-        else pa.nulls(len(batch), obj.type)
-    )
-    member_null = _np(pc.is_null(member)).astype(np.bool_)
-    same = _np(pc.fill_null(pc.equal(member, obj), False)).astype(np.bool_)
-    if (row := _first_bad(member_null | same | ~whole)) is not None:
-        raise InvalidBatch(
-            f"row {row}, field 'member_sha256': the latent is the whole object "
-            f"{obj[row]}, so its member hash is the object's, not {member[row]}",
-            row=row,
-            field="member_sha256",
-            object_sha256=obj[row].as_py(),
-        )
-    if (row := _first_bad(~(member_null | same) | whole)) is not None:
-        raise InvalidBatch(
-            f"row {row}, field 'member_sha256': needed unless the latent is the whole object",
-            row=row,
-            field="member_sha256",
-        )
-    return pc.coalesce(member, obj)
 
 
 def _latent_key(*cols: pa.ChunkedArray | pa.Array) -> pa.Array:

@@ -41,12 +41,21 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+from numpy.typing import NDArray
 
 from catalog.errors import InvalidBatch, NotFound
 from catalog.objects import ObjectStore
 from catalog.objects.refs import resolve_range
 
-__all__ = ["TensorHeader", "canonical_dtype", "check_latent_headers", "parse_header"]
+__all__ = [
+    "TensorHeader",
+    "canonical_dtype",
+    "check_latent_headers",
+    "member_hashes",
+    "member_ranges",
+    "parse_header",
+]
 
 #: Bytes read first: a latent's header is usually a few hundred bytes.
 HEAD_BYTES = 4096
@@ -204,6 +213,67 @@ def _npy(read: Read, length: int) -> TensorHeader:
 
 
 # -- checking a batch -------------------------------------------------------------------
+def member_ranges(
+    batch: pa.Table, size: NDArray[np.int64]
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Each latent's ``(offset, length)`` in its object of ``size`` bytes (an absent
+    length runs to the end, which only a standalone latent at offset 0 may omit)."""
+    offset = _np(batch["offset"]).astype(np.int64)
+    given = batch["length"] if "length" in batch.column_names else pa.nulls(len(batch), pa.int64())
+    length_null = _np(pc.is_null(given)).astype(np.bool_)
+    if (row := _first_bad(~length_null | (offset == 0))) is not None:
+        raise InvalidBatch(
+            f"row {row}, field 'length': required for a packed member", row=row, field="length"
+        )
+    length = np.where(length_null, size - offset, _np(pc.fill_null(given, 0)).astype(np.int64))
+    if (row := _first_bad(offset + length <= size)) is not None:
+        raise InvalidBatch(
+            f"row {row}, field 'length': [{offset[row]}, +{length[row]}) "
+            f"passes the object's end {size[row]}",
+            row=row,
+            field="length",
+        )
+    return offset, length
+
+
+def member_hashes(batch: pa.Table, whole: NDArray[np.bool_]) -> pa.ChunkedArray | pa.Array:
+    """Each latent's member SHA-256: given for a packed member; for a member that is
+    the whole object, the object's (the store verified those bytes hash to it, so a
+    different given hash is a lie the loader would trip over at training time)."""
+    obj = batch["object_sha256"]
+    member = (
+        batch["member_sha256"]
+        if "member_sha256" in batch.column_names
+        else pa.nulls(len(batch), obj.type)
+    )
+    member_null = _np(pc.is_null(member)).astype(np.bool_)
+    same = _np(pc.fill_null(pc.equal(member, obj), False)).astype(np.bool_)
+    if (row := _first_bad(member_null | same | ~whole)) is not None:
+        raise InvalidBatch(
+            f"row {row}, field 'member_sha256': the latent is the whole object "
+            f"{obj[row]}, so its member hash is the object's, not {member[row]}",
+            row=row,
+            field="member_sha256",
+            object_sha256=obj[row].as_py(),
+        )
+    if (row := _first_bad(~(member_null | same) | whole)) is not None:
+        raise InvalidBatch(
+            f"row {row}, field 'member_sha256': needed unless the latent is the whole object",
+            row=row,
+            field="member_sha256",
+        )
+    return pc.coalesce(member, obj)
+
+
+def _first_bad(good: NDArray[np.bool_]) -> int | None:
+    bad = np.flatnonzero(~good)
+    return int(bad[0]) if len(bad) else None
+
+
+def _np(col: pa.ChunkedArray | pa.Array) -> NDArray[Any]:
+    return np.asarray(col.to_numpy(zero_copy_only=False))
+
+
 _Member = tuple[str, int, int, str]  # object sha256, offset, length, format
 
 

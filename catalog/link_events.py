@@ -17,20 +17,104 @@ events commit is keyed, and a lost commit race re-checks the key.
 from __future__ import annotations
 
 import datetime as dt
+import random
+import time
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.table import Table
 
-from catalog import rules
+from catalog import idempotency, rules
+from catalog._append import append as fast_append
+from catalog.errors import Conflict, StorageError
+from catalog.tables import arrow_schema, conform
 
-__all__ = ["event_rows", "events_key", "rederive"]
+__all__ = [
+    "append_once",
+    "committed_batch",
+    "event_rows",
+    "events_key",
+    "missing",
+    "rederive",
+]
+
+_COLUMNS = ("asset_id", "probe_bitrate", "near_duplicates", "duplicate_of")
 
 
 def events_key(assets_snapshot_id: int) -> str:
     """The idempotency key of the events commit of an assets snapshot."""
     return f"near-duplicate-events:{assets_snapshot_id}"
+
+
+def append_once(
+    load: Callable[[], Table],
+    recorded: idempotency.KeyIndex,
+    events: pa.Table,
+    assets_snapshot: int,
+    attempts: int,
+) -> None:
+    """Commit ``events`` to ``asset_events`` under :func:`events_key` unless that key
+    is recorded; a lost commit race reloads and re-checks the key.
+
+    Raises:
+        Conflict: every attempt lost a race (the next repair tries again).
+    """
+    key = events_key(assets_snapshot)
+    for attempt in range(attempts):
+        tbl = load()
+        if recorded.lookup(tbl.metadata, key) is not None:
+            return
+        rows = conform(events, tbl.schema())
+        props = idempotency.summary_properties(
+            key, idempotency.batch_sha256(rows), {"inserted": rows.num_rows}
+        )
+        try:
+            fast_append(tbl, rows, {"vidlake.rows": str(rows.num_rows), **props})
+            return
+        except CommitFailedException:
+            time.sleep(min(2.0, 0.02 * 2**attempt) * (1 + random.random()))
+    raise Conflict(f"asset_events: gave up after {attempts} concurrent commits")
+
+
+def missing(
+    assets: Table, planned: idempotency.KeyIndex, recorded: idempotency.KeyIndex, events: Table
+) -> Iterator[int]:
+    """Assets snapshots that planned link events whose events commit is absent."""
+    planned.refresh(assets.metadata)
+    if not planned.planned_events:
+        return
+    recorded.refresh(events.metadata)
+    for sid in sorted(planned.planned_events):
+        if events_key(sid) not in recorded.keys:
+            yield sid
+
+
+def committed_batch(assets: Table, sid: int) -> tuple[pa.Table, pa.Table]:
+    """The assets before snapshot ``sid`` and the rows ``sid`` added (the columns
+    :func:`rederive` reads).
+
+    Raises:
+        StorageError: the backend failed.
+    """
+    snap = assets.metadata.snapshot_by_id(sid)
+    parent = snap.parent_snapshot_id if snap is not None else None
+    try:
+        if parent is None:
+            old = arrow_schema(assets.schema()).empty_table().select(list(_COLUMNS))
+        else:
+            old = assets.scan(selected_fields=_COLUMNS, snapshot_id=parent).to_arrow()
+        new = assets.incremental_append_scan(
+            from_snapshot_id_exclusive=parent,
+            to_snapshot_id_inclusive=sid,
+            selected_fields=_COLUMNS,
+        ).to_arrow()
+    except OSError as exc:
+        raise StorageError(f"reading assets failed: {exc}", table="assets") from exc
+    return old, new
 
 
 def event_rows(assets: NDArray[np.str_], canonical: NDArray[np.str_]) -> pa.Table:
