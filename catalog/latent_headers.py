@@ -21,6 +21,11 @@ header disagrees:
   (the object exists, the range fits, a whole-object member's hash is the object's);
   the loader hashes the bytes before ``torch.load(weights_only=True)``.
 
+Before the headers, :func:`member_ranges` resolves each row's ``(offset, length)``
+(a packed member must state its length; the range must fit the object) and
+:func:`member_hashes` its member SHA-256: a member that is the whole object must carry
+the object's hash (the store verified those bytes against it), a packed member its own.
+
 Against the row: every key in ``tensor_keys`` is in the header; ``shapes[i]`` (when
 given) is the header's shape of ``tensor_keys[i]``; ``dtypes[i]`` (when given) names
 the header's dtype (:func:`canonical_dtype` accepts ``bfloat16``, ``BF16``,

@@ -6,12 +6,13 @@ good, because a rerun finds every asset present. The assets' commit records how 
 events it planned (``vidlake.near-duplicate-events`` in its snapshot summary) and the
 events' commit carries the idempotency key :func:`events_key` of that snapshot. Any
 later ``add_assets`` (the rerun included) finds an assets snapshot with planned events
-and no events commit, and :func:`rederive` rebuilds them exactly: the new assets'
+and no events commit (:func:`missing`), reads that snapshot's batch and the assets
+before it (:func:`committed_batch`), and :func:`rederive` rebuilds the events exactly: the new assets'
 ``near_duplicates`` column holds every direct match the batch made (with existing
 assets and within the batch), so :func:`catalog.rules.plan_links` over the assets as
 they were before that snapshot gives the same links, hence the same events, without
 matching a fingerprint again. Two processes repairing at once append one copy: the
-events commit is keyed, and a lost commit race re-checks the key.
+events commit is keyed (:func:`append_once`), and a lost commit race re-checks the key.
 """
 
 from __future__ import annotations
