@@ -571,6 +571,15 @@ class VidlakeCatalog:
                 self._repair_link_events(tbl)
             for attempt in range(_COMMIT_ATTEMPTS):
                 if (prior := self._key_index(name).lookup(tbl.metadata, key)) is not None:
+                    if prior.batch_sha256 not in (None, batch_sha):
+                        log.warning(
+                            "%s: key %r was recorded for other rows (batch %s, now %s); "
+                            "nothing written",
+                            name,
+                            key,
+                            prior.batch_sha256,
+                            batch_sha,
+                        )
                     return IngestResult.replay(name, prior)
                 if prepare is not None:
                     batch, prepare = prepare(batch), None

@@ -32,7 +32,8 @@ order, hash alike; rows in another order are another batch.
 **What a key does not do.** A key is remembered as long as its snapshot is in the
 table's ancestry: expiring snapshots forgets their keys. A caller's key is
 authoritative: reusing it for different rows makes them a no-op too (the summary keeps
-the first batch's SHA-256 for audit). Keys are per table.
+the first batch's SHA-256 for audit; the catalog logs a warning when they differ).
+Keys are per table.
 """
 
 from __future__ import annotations

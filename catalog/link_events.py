@@ -7,8 +7,8 @@ events it planned (``vidlake.near-duplicate-events`` in its snapshot summary) an
 events' commit carries the idempotency key :func:`events_key` of that snapshot. Any
 later ``add_assets`` (the rerun included) finds an assets snapshot with planned events
 and no events commit (:func:`missing`), reads that snapshot's batch and the assets
-before it (:func:`committed_batch`), and :func:`rederive` rebuilds the events exactly: the new assets'
-``near_duplicates`` column holds every direct match the batch made (with existing
+before it (:func:`committed_batch`), and :func:`rederive` rebuilds the events exactly:
+the new assets' ``near_duplicates`` column holds every direct match the batch made (with existing
 assets and within the batch), so :func:`catalog.rules.plan_links` over the assets as
 they were before that snapshot gives the same links, hence the same events, without
 matching a fingerprint again. Two processes repairing at once append one copy: the

@@ -69,11 +69,15 @@ def test_the_key_and_counts_are_in_the_snapshot_summary(cat: VidlakeCatalog) -> 
     assert result.idempotency_key == "filter-job-7:shard-3"
 
 
-def test_a_callers_key_names_the_batch(cat: VidlakeCatalog) -> None:
+def test_a_callers_key_names_the_batch(
+    cat: VidlakeCatalog, caplog: pytest.LogCaptureFixture
+) -> None:
     first = cat.add_scores(_scores(cat), idempotency_key="k1")
     changed = [{**r, "score": 9.0} for r in _scores(cat)]  # a recomputed rerun
-    again = cat.add_scores(changed, idempotency_key="k1")
+    with caplog.at_level("WARNING", logger="vidlake.catalog"):
+        again = cat.add_scores(changed, idempotency_key="k1")
     assert again.replayed and again.snapshot_id == first.snapshot_id
+    assert "was recorded for other rows" in caplog.text  # an operator can see it
     assert cat.scan("scores").num_rows == 4
     for bad in ("", "has space", "x" * 201, "caf\u00e9"):
         with pytest.raises(InvalidInput) as exc:
