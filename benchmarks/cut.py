@@ -2,7 +2,8 @@
 
 Builds a synthetic embedded catalog of ``--clips`` clips (3 filter scores, 5 streams,
 4 frame buckets x 4 aspect ratios, one caption version with two kinds; every latent
-row points at one small shared object, since the cut never reads latent bytes), then
+row points at one small shared object per frame count, since the cut never reads latent
+bytes), then
 times in the same run:
 
 * ``cut_s``: :func:`materializer.cut.build_artifacts` — pinned scans, the selection
@@ -87,10 +88,23 @@ def _recipe(plan_rows: int, batch: int) -> dict[str, Any]:
     }
 
 
+def _latent_objects(catalog: VidlakeCatalog) -> dict[int, Any]:
+    """One small safetensors object per latent frame count (4..16): the cut never
+    reads latent bytes, but ingest checks each header against its row."""
+    out = {}
+    for t in range(4, 17):
+        header = {"latent": {"dtype": "BF16", "shape": [1, t, 1, 1], "data_offsets": [0, 2 * t]}}
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        data = len(raw).to_bytes(8, "little") + raw + b"\0" * (2 * t)
+        out[t] = catalog.objects.put_bytes(data).info
+    return out
+
+
 def build_catalog(root: Path, n_clips: int, seed: int = 0) -> VidlakeCatalog:
     """An embedded catalog with ``n_clips`` clips, 2 per asset, vectorised batches."""
     catalog = VidlakeCatalog.open(CatalogConfig.embedded(root, eval_fraction=0.0))
-    obj = catalog.objects.put_bytes(b"\0" * 4096).info
+    objs = _latent_objects(catalog)
     rng = np.random.default_rng(seed)
     n_assets = (n_clips + 1) // 2
     now = pa.scalar(0, pa.timestamp("us", tz="UTC"))
@@ -141,6 +155,7 @@ def build_catalog(root: Path, n_clips: int, seed: int = 0) -> VidlakeCatalog:
             )
         )
         latent_frames = (1 + (frames - 1) // 4).astype(np.int32)
+        obj = [objs[int(t)] for t in latent_frames]
         catalog.add_latents(
             pa.table(
                 {
@@ -148,11 +163,11 @@ def build_catalog(root: Path, n_clips: int, seed: int = 0) -> VidlakeCatalog:
                     "rung": np.full(m, "256p"),
                     "tokenizer_version": np.full(m, "vae-bench"),
                     "format": np.full(m, "safetensors"),
-                    "object_sha256": np.full(m, obj.sha256),
-                    "object_size": np.full(m, obj.size),
+                    "object_sha256": [o.sha256 for o in obj],
+                    "object_size": np.array([o.size for o in obj], dtype=np.int64),
                     "offset": np.zeros(m, dtype=np.int64),
-                    "length": np.full(m, obj.size),
-                    "member_sha256": np.full(m, obj.sha256),
+                    "length": np.array([o.size for o in obj], dtype=np.int64),
+                    "member_sha256": [o.sha256 for o in obj],
                     "tensor_keys": pa.array([["latent"]] * m, pa.list_(pa.string())),
                     "latent_frames": latent_frames,
                     "tokens": (latent_frames.astype(np.int64) * 32 * 56 // 4),

@@ -23,10 +23,21 @@ Ingest (``add_*``) takes a ``pyarrow.Table`` or a list of dicts, checks every ro
 * ``latents``: the clip exists; the object exists in the object store (or is
   referenced there: :mod:`catalog.objects.refs`) and
   ``offset + length`` fits in it (``object_size`` is recorded from the store); a
-  latent already present (clip, rung, tokenizer, member SHA-256) is a duplicate.
+  member that is the whole object carries the object's SHA-256; each member's
+  header agrees with the row (:mod:`catalog.latent_headers`); a latent already
+  present (clip, rung, tokenizer, member SHA-256) is a duplicate.
 * ``tombstones``, ``asset_events``: the asset exists.
-* ``scores`` and ``captions`` carry a version; ``jobs`` a job id and a stage. These are
-  append-only facts: readers take the latest (``latest_scores``, ``latest_captions``).
+* ``scores`` and ``captions``: the clip exists; they carry a version; ``jobs`` a job id
+  and a stage. These are append-only facts: readers take the latest
+  (``latest_scores``, ``latest_captions``).
+* Names a recipe selects by (rung, filter name, caption kind, versions) have the
+  recipe's shapes (:mod:`catalog.names`, checked in :mod:`catalog.tables`).
+
+Every batch has an idempotency key (``idempotency_key=``, else the SHA-256 of its
+canonical bytes) recorded in the snapshot summary of its commit; a rerun with a
+recorded key writes nothing and returns the first result, ``replayed``
+(:mod:`catalog.idempotency`). Lost near-duplicate events of an interrupted
+``add_assets`` are re-derived by the next one (:mod:`catalog.link_events`).
 
 Reads go through a :class:`~catalog.pins.Pin` (table → Iceberg snapshot id, plus the
 LanceDB version of each embedding model a cut reads), so that a snapshot cut sees one
@@ -79,7 +90,7 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 from sqlalchemy.exc import SQLAlchemyError
 
-from catalog import rules
+from catalog import idempotency, link_events, rules
 from catalog._append import append as fast_append
 from catalog.errors import (
     Conflict,
@@ -89,10 +100,19 @@ from catalog.errors import (
     StorageError,
     VidlakeError,
 )
+from catalog.latent_headers import check_latent_headers, member_hashes, member_ranges
 from catalog.objects import ObjectStore, open_store
 from catalog.objects.refs import resolve_head
 from catalog.pins import Pin
-from catalog.tables import TABLE_NAMES, TABLES, arrow_schema, coerce_batch, conform, ensure_table
+from catalog.tables import (
+    TABLE_NAMES,
+    TABLES,
+    arrow_schema,
+    coerce_batch,
+    conform,
+    ensure_table,
+    fill_time,
+)
 
 if TYPE_CHECKING:
     from catalog.embeddings import EmbeddingIndex
@@ -118,6 +138,8 @@ _LINK_FAILURES: tuple[type[Exception], ...] = (
     StorageError,
     NotFound,
 )
+#: An events commit that fails for any of these is re-derived by a later add_assets.
+_EVENT_FAILURES: tuple[type[Exception], ...] = (*_LINK_FAILURES, Conflict)
 _CREATE_RACES: tuple[type[Exception], ...] = (*_BACKEND_ERRORS, NamespaceAlreadyExistsError)
 
 
@@ -210,8 +232,13 @@ class IngestResult:
         duplicates: Rows skipped as already present (in the catalog or the batch).
         eval: Inserted rows in the eval split (assets only).
         rejected: Rows rejected (0: a bad row rejects the whole batch by raising).
-        snapshot_id: The table's snapshot after the call (None: still empty).
+        snapshot_id: The table's snapshot after the call (None: still empty); for a
+            replay, the snapshot that committed the batch.
         near_duplicates: Inserted assets linked as near-duplicates.
+        idempotency_key: The batch's key (the caller's, else ``sha256:<batch hash>``;
+            :mod:`catalog.idempotency`).
+        replayed: The key was already recorded: nothing was written, and the counts
+            are those of the commit that recorded it.
     """
 
     table: str
@@ -221,10 +248,28 @@ class IngestResult:
     rejected: int
     snapshot_id: int | None
     near_duplicates: int = 0
+    idempotency_key: str | None = None
+    replayed: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
         return dataclasses.asdict(self)
+
+    @classmethod
+    def replay(cls, table: str, prior: idempotency.Recorded) -> IngestResult:
+        """The result of a batch whose key ``prior`` recorded."""
+        c = prior.counts
+        return cls(
+            table,
+            c["inserted"],
+            c["duplicates"],
+            c["eval"],
+            0,
+            prior.snapshot_id,
+            c["near_duplicates"],
+            idempotency_key=prior.key,
+            replayed=True,
+        )
 
 
 @dataclass
@@ -265,6 +310,20 @@ class _Plan:
     #: the Parquet write releases the GIL, so the two overlap).
     verify: Callable[[], object] | None = None
 
+    def counts(self, inserted: int) -> dict[str, int]:
+        """The result's counts when ``inserted`` rows commit."""
+        return {
+            "inserted": inserted,
+            "duplicates": self.duplicates,
+            "eval": self.eval,
+            "near_duplicates": self.near_duplicates,
+        }
+
+
+def _backoff(attempt: int) -> None:
+    """Sleep before retrying a lost commit race (exponential, jittered)."""
+    time.sleep(min(2.0, 0.02 * 2**attempt) * (1 + random.random()))
+
 
 def _ident(namespace: str, table: str) -> tuple[str, str]:
     return (namespace, table)
@@ -275,6 +334,17 @@ def _first_bad(mask: pa.ChunkedArray | pa.Array | NDArray[np.bool_]) -> int | No
     good = mask if isinstance(mask, np.ndarray) else _np(pc.fill_null(mask, False))
     bad = np.flatnonzero(~good.astype(np.bool_))
     return int(bad[0]) if len(bad) else None
+
+
+def _find_refs(entry: _Cached, key: str, ids: pa.ChunkedArray | pa.Array) -> NDArray[np.int64]:
+    """:func:`_find_ids` for references that repeat many times (an asset has many
+    clips): each distinct id is looked up once (~3x cheaper)."""
+    refs = pc.dictionary_encode(_combined(ids))
+    at = _find_ids(entry, key, refs.dictionary)
+    at = at[_np(refs.indices.fill_null(0)).astype(np.int64)]
+    if refs.indices.null_count:
+        at[_np(pc.is_null(refs.indices)).astype(np.bool_)] = -1
+    return at
 
 
 def _find_ids(entry: _Cached, key: str, ids: pa.ChunkedArray | pa.Array) -> NDArray[np.int64]:
@@ -333,6 +403,7 @@ class VidlakeCatalog:
         self._rule = config.near_dup_rule()
         self._lock = threading.RLock()
         self._cache: dict[str, _Cached] = {}
+        self._keys: dict[str, idempotency.KeyIndex] = {}
 
     # -- opening ----------------------------------------------------------------------
     @classmethod
@@ -396,60 +467,99 @@ class VidlakeCatalog:
         self.close()
 
     # -- ingest -----------------------------------------------------------------------
-    def add_assets(self, rows: Rows) -> IngestResult:
+    def add_assets(self, rows: Rows, *, idempotency_key: str | None = None) -> IngestResult:
         """Ingest raw assets: dedup by id, eval carve-out, near-duplicate links."""
-        return self._ingest("assets", rows, self._plan_assets)
+        return self._ingest("assets", rows, self._plan_assets, idempotency_key)
 
-    def add_clips(self, rows: Rows) -> IngestResult:
+    def add_clips(self, rows: Rows, *, idempotency_key: str | None = None) -> IngestResult:
         """Ingest clips of existing assets (``clip_id`` computed when absent)."""
-        return self._ingest("clips", rows, self._plan_clips)
+        return self._ingest("clips", rows, self._plan_clips, idempotency_key)
 
-    def add_latents(self, rows: Rows) -> IngestResult:
+    def add_latents(self, rows: Rows, *, idempotency_key: str | None = None) -> IngestResult:
         """Ingest latents of existing clips stored in the object store."""
-        return self._ingest("latents", rows, self._plan_latents)
+        return self._ingest(
+            "latents", rows, self._plan_latents, idempotency_key, prepare=self._prepare_latents
+        )
 
-    def add_scores(self, rows: Rows) -> IngestResult:
+    def add_scores(self, rows: Rows, *, idempotency_key: str | None = None) -> IngestResult:
         """Append filter scores (each row names its filter version)."""
-        return self._ingest("scores", rows, self._plan_plain)
+        return self._ingest("scores", rows, self._plan_clip_refs, idempotency_key)
 
-    def add_captions(self, rows: Rows) -> IngestResult:
+    def add_captions(self, rows: Rows, *, idempotency_key: str | None = None) -> IngestResult:
         """Append captions (each row names its caption version)."""
-        return self._ingest("captions", rows, self._plan_plain)
+        return self._ingest("captions", rows, self._plan_clip_refs, idempotency_key)
 
-    def add_tombstones(self, rows: Rows) -> IngestResult:
+    def add_tombstones(self, rows: Rows, *, idempotency_key: str | None = None) -> IngestResult:
         """Record takedowns of existing assets (``kind`` soft or hard)."""
-        return self._ingest("tombstones", rows, self._plan_asset_refs)
+        return self._ingest("tombstones", rows, self._plan_asset_refs, idempotency_key)
 
-    def add_asset_events(self, rows: Rows) -> IngestResult:
+    def add_asset_events(self, rows: Rows, *, idempotency_key: str | None = None) -> IngestResult:
         """Record status changes of existing assets (quarantined, released, links)."""
-        return self._ingest("asset_events", rows, self._plan_asset_refs)
+        return self._ingest("asset_events", rows, self._plan_asset_refs, idempotency_key)
 
-    def add_jobs(self, rows: Rows) -> IngestResult:
+    def add_jobs(self, rows: Rows, *, idempotency_key: str | None = None) -> IngestResult:
         """Record curation jobs (one row per state change; readers take the latest)."""
-        return self._ingest("jobs", rows, self._plan_plain)
+        return self._ingest("jobs", rows, self._plan_plain, idempotency_key)
 
     def _ingest(
-        self, name: str, data: Rows, plan: Callable[[pa.Table, Table], _Plan]
+        self,
+        name: str,
+        data: Rows,
+        plan: Callable[[pa.Table, Table], _Plan],
+        key: str | None,
+        prepare: Callable[[pa.Table], pa.Table] | None = None,
     ) -> IngestResult:
+        """Check, plan and commit one batch, unless its key is already recorded.
+
+        ``prepare`` runs the checks that do not depend on the table's state (object
+        reads) once; ``plan`` runs again after a lost commit race, as does the key
+        lookup (the winner may have committed this very batch).
+        """
+        tdef = TABLES[name]
         with self._lock:
             tbl = self._load(name)
-            batch = coerce_batch(TABLES[name], data, tbl.schema())
+            batch = coerce_batch(tdef, data, tbl.schema(), fill_time=False)
+            batch_sha = idempotency.batch_sha256(batch)
+            if key is None:
+                key = idempotency.derived_key(batch_sha)
+            key = idempotency.check_key(key)
+            batch = fill_time(tdef, batch)
+            if name == "assets":
+                self._repair_link_events(tbl)
             for attempt in range(_COMMIT_ATTEMPTS):
+                if (prior := self._key_index(name).lookup(tbl.metadata, key)) is not None:
+                    if prior.batch_sha256 not in (None, batch_sha):
+                        log.warning(
+                            "%s: key %r was recorded for other rows (batch %s, now %s); "
+                            "nothing written",
+                            name,
+                            key,
+                            prior.batch_sha256,
+                            batch_sha,
+                        )
+                    return IngestResult.replay(name, prior)
+                if prepare is not None:
+                    batch, prepare = prepare(batch), None
                 base = _snapshot_id(tbl)
                 todo = plan(batch, tbl)
                 if todo.rows.num_rows == 0:
                     if todo.verify is not None:
                         todo.verify()
-                    return IngestResult(name, 0, todo.duplicates, 0, 0, base)
+                    return IngestResult(name, 0, todo.duplicates, 0, 0, base, idempotency_key=key)
                 rows = conform(todo.rows, tbl.schema())
+                counts = todo.counts(rows.num_rows)
+                props = {
+                    "vidlake.rows": str(rows.num_rows),
+                    **idempotency.summary_properties(key, batch_sha, counts),
+                }
+                if todo.events is not None and todo.events.num_rows:
+                    props[idempotency.PROP_EVENTS] = str(todo.events.num_rows)
                 try:
-                    fast_append(
-                        tbl, rows, {"vidlake.rows": str(rows.num_rows)}, alongside=todo.verify
-                    )
+                    fast_append(tbl, rows, props, alongside=todo.verify)
                 except CommitFailedException:
                     # Another writer committed first: re-check against its state.
                     log.info("%s: concurrent commit, re-checking (attempt %d)", name, attempt + 1)
-                    time.sleep(min(2.0, 0.02 * 2**attempt) * (1 + random.random()))
+                    _backoff(attempt)
                     tbl = self._load(name)
                     continue
                 except _BACKEND_ERRORS as exc:
@@ -458,33 +568,68 @@ class VidlakeCatalog:
                 assert snap is not None  # we just appended
                 self._advance_cache(name, base, snap.parent_snapshot_id, snap.snapshot_id, rows)
                 if todo.events is not None and todo.events.num_rows:
-                    self._append_links(todo.events)
+                    self._append_links(todo.events, snap.snapshot_id)
                 return IngestResult(
                     name,
-                    rows.num_rows,
-                    todo.duplicates,
-                    todo.eval,
+                    counts["inserted"],
+                    counts["duplicates"],
+                    counts["eval"],
                     0,
                     snap.snapshot_id,
-                    todo.near_duplicates,
+                    counts["near_duplicates"],
+                    idempotency_key=key,
                 )
             raise Conflict(
                 f"{name}: gave up after {_COMMIT_ATTEMPTS} concurrent commits", table=name
             )
 
-    def _append_links(self, events: pa.Table) -> None:
-        """Append near-duplicate events after their assets committed. The assets'
-        ``near_duplicates`` column already holds every link, so a failure here loses
-        only the audit rows, never a link."""
+    def _key_index(self, table: str) -> idempotency.KeyIndex:
+        return self._keys.setdefault(table, idempotency.KeyIndex())
+
+    def _append_links(self, events: pa.Table, assets_snapshot: int) -> None:
+        """Append the near-duplicate events of an assets commit, once (a keyed commit,
+        re-checked after a lost race). A failure loses nothing for good: the next
+        ``add_assets`` re-derives them (:meth:`_repair_link_events`), and the assets'
+        ``near_duplicates`` column holds every link meanwhile."""
         try:
-            tbl = self._load("asset_events")
-            fast_append(tbl, conform(events, tbl.schema()), {})
-        except _LINK_FAILURES as exc:
-            log.warning(
-                "near-duplicate events not recorded (links are kept on the assets): %s", exc
+            link_events.append_once(
+                lambda: self._load("asset_events"),
+                self._key_index("asset_events"),
+                events,
+                assets_snapshot,
+                _COMMIT_ATTEMPTS,
             )
+        except _EVENT_FAILURES as exc:
+            log.warning("events of assets snapshot %d not recorded: %s", assets_snapshot, exc)
+
+    def _repair_link_events(self, assets: Table) -> None:
+        """Append the events of every assets commit whose events commit is missing
+        (a writer killed between its two commits; see :mod:`catalog.link_events`)."""
+        planned = self._key_index("assets")
+        recorded = self._key_index("asset_events")
+        for sid in link_events.missing(assets, planned, recorded, self._load("asset_events")):
+            try:
+                old, new = link_events.committed_batch(assets, sid)
+            except _LINK_FAILURES as exc:  # a later add_assets tries again
+                log.warning("re-deriving the events of assets snapshot %d failed: %s", sid, exc)
+                continue
+            events = link_events.rederive(old, self._cached("near_dup_events").data, new)
+            log.warning("assets snapshot %d lost %d link events; re-derived", sid, len(events))
+            self._append_links(events, sid)
 
     def _plan_plain(self, batch: pa.Table, tbl: Table) -> _Plan:
+        return _Plan(batch)
+
+    def _plan_clip_refs(self, batch: pa.Table, tbl: Table) -> _Plan:
+        """Scores and captions: every row's clip exists."""
+        # A clip has a few scores or captions at most: no dictionary (it costs more).
+        at = _find_ids(self._cached("clips"), "clip_id", batch["clip_id"])
+        if (row := _first_bad(at >= 0)) is not None:
+            raise InvalidBatch(
+                f"row {row}, field 'clip_id': unknown clip {batch['clip_id'][row]}",
+                row=row,
+                field="clip_id",
+            )
         return _Plan(batch)
 
     def _plan_asset_refs(self, batch: pa.Table, tbl: Table) -> _Plan:
@@ -575,17 +720,8 @@ class VidlakeCatalog:
         dup_of = np.full(m, None, dtype=object)
         linked = links.duplicate_of >= 0
         dup_of[linked] = all_ids.take(links.duplicate_of[linked])
-        k = len(links.event_asset)
-        events = pa.table(
-            {
-                "asset_id": pa.array(all_ids.take(links.event_asset).tolist(), pa.large_string()),
-                "event": pa.array(["near_duplicate"] * k, pa.large_string()),
-                "related_asset_id": pa.array(
-                    all_ids.take(links.event_canonical).tolist(), pa.large_string()
-                ),
-                "reason": pa.array(["fingerprint match at ingest"] * k, pa.large_string()),
-                "at": pa.array([dt.datetime.now(dt.UTC)] * k, pa.timestamp("us", tz="UTC")),
-            }
+        events = link_events.event_rows(
+            all_ids.take(links.event_asset), all_ids.take(links.event_canonical)
         )
         counts = np.bincount(links.match_owner, minlength=m)
         offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
@@ -644,12 +780,7 @@ class VidlakeCatalog:
     def _plan_clip_rows(self, batch: pa.Table, tbl: Table, ids: pa.Array) -> _Plan:
         """Clip rows with ``ids``: asset references, splits and duplicates."""
         assets = self._cached("assets")
-        # An asset has many clips: look each distinct asset up once (~3x cheaper).
-        refs = pc.dictionary_encode(_combined(batch["asset_id"]))
-        at = _find_ids(assets, "asset_id", refs.dictionary)
-        at = at[_np(refs.indices.fill_null(0)).astype(np.int64)]
-        if refs.indices.null_count:
-            at[_np(pc.is_null(refs.indices)).astype(np.bool_)] = -1
+        at = _find_refs(assets, "asset_id", batch["asset_id"])
         if (row := _first_bad(at >= 0)) is not None:
             raise InvalidBatch(
                 f"row {row}, field 'asset_id': unknown asset", row=row, field="asset_id"
@@ -668,15 +799,14 @@ class VidlakeCatalog:
         rows = rows.append_column("clip_id", ids).append_column("split", split)
         if dup.any():
             rows = rows.filter(pa.array(~dup))
-        return _Plan(rows, duplicates=int(dup.sum()))
+        n_eval = int(pc.sum(pc.equal(rows["split"], "eval")).as_py() or 0)
+        return _Plan(rows, duplicates=int(dup.sum()), eval=n_eval)
 
-    def _plan_latents(self, batch: pa.Table, tbl: Table) -> _Plan:
-        clips = self._cached("clips")
-        known = _find_ids(clips, "clip_id", batch["clip_id"]) >= 0
-        if (row := _first_bad(known)) is not None:
-            raise InvalidBatch(
-                f"row {row}, field 'clip_id': unknown clip", row=row, field="clip_id"
-            )
+    def _prepare_latents(self, batch: pa.Table) -> pa.Table:
+        """The state-free latent checks, once per batch: each object exists and holds
+        the member's range, a whole-object member's hash is the object's, and every
+        header agrees with its row (:mod:`catalog.latent_headers`). Returns the batch
+        with ``length``, ``member_sha256`` and ``object_size`` filled from the store."""
         size = self._object_sizes(batch["object_sha256"])
         if (row := _first_bad(size >= 0)) is not None:
             raise InvalidBatch(
@@ -692,51 +822,32 @@ class VidlakeCatalog:
                     row=row,
                     field="object_size",
                 )
-        offset = _np(batch["offset"]).astype(np.int64)
-        given = (
-            batch["length"] if "length" in batch.column_names else pa.nulls(len(batch), pa.int64())
-        )
-        length_null = _np(pc.is_null(given))
-        if (row := _first_bad(~length_null | (offset == 0))) is not None:
-            raise InvalidBatch(
-                f"row {row}, field 'length': required for a packed member", row=row, field="length"
-            )
-        length = np.where(length_null, size - offset, _np(pc.fill_null(given, 0)).astype(np.int64))
-        if (row := _first_bad(offset + length <= size)) is not None:
-            raise InvalidBatch(
-                f"row {row}, field 'length': [{offset[row]}, +{length[row]}) "
-                f"passes the object's end {size[row]}",
-                row=row,
-                field="length",
-            )
-        whole = (offset == 0) & (length == size)
-        obj = batch["object_sha256"]
-        member = (
-            batch["member_sha256"]
-            if "member_sha256" in batch.column_names
-            else pa.nulls(len(batch), obj.type)
-        )
-        member_null = _np(pc.is_null(member))
-        member = pc.coalesce(member, obj)
-        same = _np(pc.equal(member, obj))
-        if (row := _first_bad(~(member_null | same) | whole)) is not None:
-            raise InvalidBatch(
-                f"row {row}, field 'member_sha256': needed unless the latent is the whole object",
-                row=row,
-                field="member_sha256",
-            )
-        key = _latent_key(batch["clip_id"], batch["rung"], batch["tokenizer_version"], member)
-        have = self._cached("latents", tbl)
-        digests = rules.hex_prefix64(batch["clip_id"])
-        dup = (have.find("key", key, digests) >= 0) | ~_first_occurrence(key)
+        offset, length = member_ranges(batch, size)
+        member = member_hashes(batch, (offset == 0) & (length == size))
+        check_latent_headers(self.objects, batch, offset.tolist(), length.tolist())
         rows = batch.drop_columns(
             [c for c in ("length", "member_sha256", "object_size") if c in batch.column_names]
         )
         rows = rows.append_column("length", pa.array(length, pa.int64()))
-        rows = rows.append_column("member_sha256", member).append_column(
+        return rows.append_column("member_sha256", member).append_column(
             "object_size", pa.array(size, pa.int64())
         )
-        return _Plan(rows.filter(pa.array(~dup)), duplicates=int(dup.sum()))
+
+    def _plan_latents(self, batch: pa.Table, tbl: Table) -> _Plan:
+        """Latents (after :meth:`_prepare_latents`): the clip exists; a latent already
+        present (clip, rung, tokenizer, member SHA-256) is a duplicate."""
+        known = _find_ids(self._cached("clips"), "clip_id", batch["clip_id"]) >= 0
+        if (row := _first_bad(known)) is not None:
+            raise InvalidBatch(
+                f"row {row}, field 'clip_id': unknown clip", row=row, field="clip_id"
+            )
+        key = _latent_key(
+            batch["clip_id"], batch["rung"], batch["tokenizer_version"], batch["member_sha256"]
+        )
+        have = self._cached("latents", tbl)
+        digests = rules.hex_prefix64(batch["clip_id"])
+        dup = (have.find("key", key, digests) >= 0) | ~_first_occurrence(key)
+        return _Plan(batch.filter(pa.array(~dup)), duplicates=int(dup.sum()))
 
     def _object_sizes(self, shas: pa.ChunkedArray) -> NDArray[np.int64]:
         """Stored size of each row's object (-1 where absent), one ``head`` per object."""

@@ -51,6 +51,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
+from catalog import names
 from catalog.errors import Conflict, InvalidBatch
 from catalog.rules import FRAME_BYTES, pack_fingerprint
 
@@ -66,6 +67,7 @@ __all__ = [
     "coerce_batch",
     "conform",
     "ensure_table",
+    "fill_time",
 ]
 
 SOURCE_TIERS = ("licensed", "crawl", "synthetic")
@@ -197,6 +199,27 @@ _PIECE = 1 << 16
 
 def _nonempty(col: str) -> Check:
     return lambda t: pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(t[col])), 0)
+
+
+def _named(col: str, pattern: str) -> Check:
+    """The value has the shape a recipe names it by (:mod:`catalog.names`). A batch
+    holds a few distinct names: the regex runs on those, and on every row only when
+    one fails (to name the row)."""
+
+    def check(t: pa.Table) -> pa.ChunkedArray | pa.Array:
+        distinct = pc.unique(t[col]).drop_null()
+        if pc.all(pc.match_substring_regex(distinct, pattern)).as_py() is not False:
+            return pa.nulls(t.num_rows, pa.bool_()).fill_null(True)
+        return pc.match_substring_regex(t[col], pattern)
+
+    return check
+
+
+def _version(col: str) -> Check:
+    """A version a recipe can name: 1-200 characters, not blank."""
+    return lambda t: pc.and_kleene(
+        _nonempty(col)(t), pc.less_equal(pc.utf8_length(t[col]), names.VERSION_MAX_LENGTH)
+    )
 
 
 def _one_of(col: str, values: Sequence[str]) -> Check:
@@ -396,8 +419,8 @@ LATENTS = TableDef(
     derived=frozenset({"length", "member_sha256"}),
     checks=(
         ("clip_id", _hex("clip_id", 32)),
-        ("rung", _nonempty("rung")),
-        ("tokenizer_version", _nonempty("tokenizer_version")),
+        ("rung", _named("rung", names.RUNG)),
+        ("tokenizer_version", _version("tokenizer_version")),
         ("format", _one_of("format", FORMATS)),
         ("object_sha256", _hex("object_sha256", 64)),
         ("object_size", _cmp("object_size", "ge", 0)),
@@ -427,8 +450,8 @@ SCORES = TableDef(
     time_column="computed_at",
     checks=(
         ("clip_id", _hex("clip_id", 32)),
-        ("filter_name", _nonempty("filter_name")),
-        ("filter_version", _nonempty("filter_version")),
+        ("filter_name", _named("filter_name", names.NAME)),
+        ("filter_version", _version("filter_version")),
         ("score", lambda t: pc.is_finite(t["score"])),
     ),
 )
@@ -449,8 +472,8 @@ CAPTIONS = TableDef(
     time_column="ingested_at",
     checks=(
         ("clip_id", _hex("clip_id", 32)),
-        ("caption_version", _nonempty("caption_version")),
-        ("kind", _nonempty("kind")),
+        ("caption_version", _version("caption_version")),
+        ("kind", _named("kind", names.NAME)),
         ("text", _nonempty("text")),
         ("text_embedding_sha256", _hex("text_embedding_sha256", 64)),
     ),
@@ -607,6 +630,8 @@ def coerce_batch(
     data: pa.Table | Sequence[Mapping[str, Any]],
     schema: Schema | None = None,
     now: dt.datetime | None = None,
+    *,
+    fill_time: bool = True,
 ) -> pa.Table:
     """A producer's batch as a table of the table's column types, checked row by row.
 
@@ -617,6 +642,9 @@ def coerce_batch(
         schema: The table's current Iceberg schema (columns added by schema evolution
             are accepted); ``tdef.schema`` when None.
         now: The ingest time for absent timestamps (UTC now when None).
+        fill_time: False leaves absent timestamps of ``tdef.time_column`` null (the
+            batch's canonical form, :mod:`catalog.idempotency`); :func:`fill_time`
+            fills them later.
 
     Returns:
         Every column of the table, cast; nulls where the producer gave nothing.
@@ -638,10 +666,9 @@ def coerce_batch(
             row=None,
             field=None,
         )
-    when = pa.scalar(now or dt.datetime.now(dt.UTC), type=pa.timestamp("us", tz="UTC"))
     fills: dict[str, Any] = dict(tdef.defaults)
-    if tdef.time_column:
-        fills[tdef.time_column] = when
+    if tdef.time_column and fill_time:
+        fills[tdef.time_column] = _ingest_time(now)
     for name, value in fills.items():
         typ = target.field(name).type
         if name in cols:
@@ -652,6 +679,8 @@ def coerce_batch(
             )
     for fld in target:
         if fld.nullable or fld.name in tdef.derived:
+            continue
+        if fld.name == tdef.time_column and not fill_time:
             continue
         if fld.name not in cols:
             raise _bad(0 if n else None, fld.name, "required column is missing")
@@ -670,6 +699,21 @@ def coerce_batch(
         if name in table.column_names:
             _check_json(name, table[name])
     return table
+
+
+def fill_time(tdef: TableDef, table: pa.Table, now: dt.datetime | None = None) -> pa.Table:
+    """``table`` (from ``coerce_batch(..., fill_time=False)``) with the absent values of
+    its time column set to ``now`` (UTC now when None)."""
+    name = tdef.time_column
+    if name is None or table[name].null_count == 0:
+        return table
+    filled = pc.fill_null(table[name], _ingest_time(now).cast(table[name].type))
+    at = table.schema.get_field_index(name)
+    return table.set_column(at, table.schema.field(at), filled)
+
+
+def _ingest_time(now: dt.datetime | None) -> pa.Scalar:
+    return pa.scalar(now or dt.datetime.now(dt.UTC), type=pa.timestamp("us", tz="UTC"))
 
 
 def _check_json(name: str, col: pa.ChunkedArray) -> None:

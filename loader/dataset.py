@@ -324,7 +324,31 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
 
         Returns None when the row landed in the batch buffer, or the decoded tensors
         when they do not fit it (the step then fails with a clear error).
+
+        Raises:
+            IntegrityError: (or its ChecksumMismatch) the bytes are not what the index
+                says; the error names the clip and the object (``clip_id``,
+                ``object_sha256``, ``offset``, ``length`` attributes).
         """
+        try:
+            return self._read_latent(cache, rec, buffer, i)
+        except (IntegrityError, InvalidInput) as exc:
+            kind = type(exc) if isinstance(exc, IntegrityError) else IntegrityError
+            where = f"{rec['object_sha256']}@{rec['offset']}+{rec['length']}"
+            raise kind(
+                f"clip {rec['clip_id']} (object {where}): {exc.message}",
+                **{
+                    **exc.details,
+                    "clip_id": rec["clip_id"],
+                    "object_sha256": rec["object_sha256"],
+                    "offset": rec["offset"],
+                    "length": rec["length"],
+                },
+            ) from exc
+
+    def _read_latent(
+        self, cache: NodeCache, rec: dict[str, Any], buffer: _BatchBuffer, i: int
+    ) -> dict[str, torch.Tensor] | None:
         src = self._open_source()
         obj, off, n, member = (
             rec["object_sha256"],
@@ -495,11 +519,14 @@ class _Step:
         for i, tensors in misfits:
             if tensors is not None:
                 found = {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()}
+                clip, obj = (self.table.column(c)[i].as_py() for c in ("clip_id", "object_sha256"))
                 raise IntegrityError(
-                    f"step {self.info.step}: row {int(self.rows[i])} has tensors {found}, "
-                    f"the rest of its bucket {self.buffer.layout}",
+                    f"step {self.info.step}: clip {clip} (row {int(self.rows[i])}, object "
+                    f"{obj}) has tensors {found}, the rest of its bucket {self.buffer.layout}",
                     step=self.info.step,
                     row=int(self.rows[i]),
+                    clip_id=clip,
+                    object_sha256=obj,
                 )
         batch: dict[str, Any] = {}
         for key, tensor in self.buffer.tensors.items():

@@ -39,6 +39,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from catalog.errors import InvalidRecipe
+from catalog.names import LABEL, NAME, RUNG, VERSION_MAX_LENGTH
 from catalog.pins import EMBEDDINGS_PREFIX, embedding_key
 from materializer.predicates import clip_view_columns, validate_predicate
 
@@ -113,10 +114,14 @@ def _whole_number(value: Any) -> Any:
     return value
 
 
-Name = Annotated[str, Field(strict=True, pattern=r"^[a-z][a-z0-9_]{0,63}$")]
-Label = Annotated[str, Field(strict=True, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")]
+# The shapes of names are the catalog's (catalog.names): ingest rejects a row whose
+# name no recipe could spell.
+Name = Annotated[str, Field(strict=True, pattern=NAME)]
+Label = Annotated[str, Field(strict=True, pattern=LABEL)]
 Version = Annotated[
-    str, BeforeValidator(_version), Field(strict=True, min_length=1, max_length=200)
+    str,
+    BeforeValidator(_version),
+    Field(strict=True, min_length=1, max_length=VERSION_MAX_LENGTH),
 ]
 Predicate = Annotated[str, Field(strict=True, min_length=1)]
 PosInt = Annotated[int, Field(strict=True, gt=0, lt=2**63)]
@@ -330,7 +335,7 @@ class Phase(_Model):
     """
 
     name: Label
-    rung: Annotated[str, Field(strict=True, pattern=r"^[1-9][0-9]*p$")]
+    rung: Annotated[str, Field(strict=True, pattern=RUNG)]
     tiers: tuple[Name, ...] | None = None
     weights: FrozenMap[Name, Annotated[float, Field(strict=True, gt=0)]]
     steps: PosInt | None = None

@@ -208,17 +208,27 @@ _TABLES = ("assets", "clips", "latents", "scores", "captions", "tombstones", "as
 def ingest(
     table: Annotated[str, typer.Argument(help=f"One of: {', '.join(_TABLES)}.")],
     file: Annotated[Path, typer.Argument(help="JSON array, JSONL, Parquet or Arrow IPC.")],
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            help="Name the batch: a rerun with a recorded key writes nothing and prints the "
+            "first result (default: the SHA-256 of the batch's canonical bytes).",
+        ),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Ingest a batch of rows into one table (one commit; rejected whole if any row is bad)."""
+    """Ingest a batch of rows into one table (one commit; rejected whole if any row is bad;
+    a rerun of a committed batch is a no-op that prints the first result)."""
     if table not in _TABLES:
         raise InvalidInput(f"unknown table {table!r}; one of {', '.join(_TABLES)}", table=table)
     rows = _read_rows(file)
     if url:
         import pyarrow as pa
 
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else {}
         if isinstance(rows, pa.Table):
             sink = pa.BufferOutputStream()
             with pa.ipc.new_stream(sink, rows.schema) as writer:
@@ -228,12 +238,15 @@ def ingest(
                 "POST",
                 f"/v1/{table.replace('_', '-')}",
                 content=body,
-                headers={"Content-Type": "application/vnd.apache.arrow.stream"},
+                headers={"Content-Type": "application/vnd.apache.arrow.stream", **headers},
             )
         else:
-            result = _Client(url, token).call("POST", f"/v1/{table.replace('_', '-')}", json=rows)
+            result = _Client(url, token).call(
+                "POST", f"/v1/{table.replace('_', '-')}", json=rows, headers=headers
+            )
     else:
-        result = getattr(_lake().catalog, f"add_{table}")(rows).to_dict()
+        add = getattr(_lake().catalog, f"add_{table}")
+        result = add(rows, idempotency_key=idempotency_key).to_dict()
     _emit(result, as_json)
 
 

@@ -72,6 +72,13 @@ class IngestPublic(_Out):
     snapshot_id: int | None = Field(
         None, description="The table's Iceberg snapshot after the batch"
     )
+    idempotency_key: str | None = Field(
+        None, description="The batch's key: the caller's, else sha256:<canonical bytes hash>"
+    )
+    replayed: bool = Field(
+        False,
+        description="The key was already recorded: nothing was written, counts are the first run's",
+    )
 
 
 # -- recipes and snapshots ----------------------------------------------------------

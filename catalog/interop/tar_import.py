@@ -481,9 +481,13 @@ def import_tar_shards(
             report.ingest[name] = add(batch).to_dict()
         report_progress("ingest", (k + 1) / (len(steps) + 1))
     latents = report.ingest.get("latents", {})
-    report.imported = int(latents.get("inserted", 0))
-    report.duplicates = int(latents.get("duplicates", 0))
-    report.eval = int(report.ingest.get("assets", {}).get("eval", 0))
+    # A replayed batch (the same rows, imported before) added nothing in this run.
+    fresh = not latents.get("replayed", False)
+    n_latents = len(steps[2][2])
+    report.imported = int(latents.get("inserted", 0)) if fresh else 0
+    report.duplicates = int(latents.get("duplicates", 0)) if fresh else n_latents
+    assets = report.ingest.get("assets", {})
+    report.eval = int(assets.get("eval", 0)) if not assets.get("replayed", False) else 0
     report.quarantined = _quarantine(
         catalog, gone, f"excluded by source manifest {manifest.revision}", job, {}
     )

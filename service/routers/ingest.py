@@ -4,7 +4,10 @@ embeddings}``.
 A body is a JSON array of row objects (``application/json``) or an Arrow IPC stream
 (``application/vnd.apache.arrow.stream``) of at most the server's ``max_body_bytes``
 (413 beyond). One request is one catalog commit: a bad row rejects the batch with a
-422 ``invalid_batch`` that names the row and field, and nothing is written.
+422 ``invalid_batch`` that names the row and field, and nothing is written. An
+``Idempotency-Key`` header names the batch (default: the SHA-256 of its canonical
+bytes); a rerun with a recorded key writes nothing and returns the first result
+with ``replayed: true`` (:mod:`catalog.idempotency`).
 ``POST /v1/jobs`` records *curation* job rows in the catalog's ``jobs`` table; the
 service's own background jobs are read with ``GET /v1/jobs``.
 """
@@ -13,12 +16,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from numpy.typing import NDArray
 
@@ -44,6 +47,11 @@ _TABLES: dict[str, tuple[str, str]] = {
     "asset-events": ("asset_events", "add_asset_events"),
     "jobs": ("jobs", "add_jobs"),
 }
+_KEY_DOC = (
+    "Names the batch (1-200 printable ASCII characters): a rerun with a recorded key "
+    "writes nothing and returns the first result (replayed: true). Default: the "
+    "SHA-256 of the batch's canonical bytes."
+)
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse} for code in (401, 403, 413, 415, 422)
 }
@@ -95,27 +103,30 @@ def parse_batch(content_type: str | None, body: bytes) -> pa.Table | list[dict[s
     return rows
 
 
-def _ingest(services: Services, path: str, content_type: str | None, body: bytes) -> IngestPublic:
+def _ingest(
+    services: Services, path: str, content_type: str | None, body: bytes, key: str | None = None
+) -> IngestPublic:
     table, method = _TABLES[path]
     batch = parse_batch(content_type, body)
     received = batch.num_rows if isinstance(batch, pa.Table) else len(batch)
     if received == 0:
         return IngestPublic(table=table, received=0, inserted=0, duplicates=0, eval=0, rejected=0)
-    add: Callable[[Any], Any] = getattr(services.catalog, method)
+    add: Callable[..., Any] = getattr(services.catalog, method)
     try:
-        result = add(batch)
+        result = add(batch, idempotency_key=key)
     except InvalidBatch:
         services.metrics.observe_ingest(table, rejected=received)
         raise
     finally:
         services.forget_pin()
-    services.metrics.observe_ingest(
-        table,
-        inserted=result.inserted,
-        duplicates=result.duplicates,
-        eval=result.eval,
-        rejected=result.rejected,
-    )
+    if not result.replayed:  # a replay wrote nothing
+        services.metrics.observe_ingest(
+            table,
+            inserted=result.inserted,
+            duplicates=result.duplicates,
+            eval=result.eval,
+            rejected=result.rejected,
+        )
     return IngestPublic(
         table=table,
         received=received,
@@ -125,16 +136,23 @@ def _ingest(services: Services, path: str, content_type: str | None, body: bytes
         rejected=result.rejected,
         near_duplicates=getattr(result, "near_duplicates", 0),
         snapshot_id=result.snapshot_id,
+        idempotency_key=result.idempotency_key,
+        replayed=result.replayed,
     )
 
 
 def _register(path: str) -> None:
     table = _TABLES[path][0]
 
-    async def ingest(request: Request, services: Svc, principal: Writer) -> IngestPublic:
+    async def ingest(
+        request: Request,
+        services: Svc,
+        principal: Writer,
+        idempotency_key: Annotated[str | None, Header(description=_KEY_DOC)] = None,
+    ) -> IngestPublic:
         body = await request.body()
         return await run_in_threadpool(
-            _ingest, services, path, request.headers.get("content-type"), body
+            _ingest, services, path, request.headers.get("content-type"), body, idempotency_key
         )
 
     router.add_api_route(

@@ -93,7 +93,9 @@ def test_appended_rows_read_back_by_field_id_with_stats(cat: VidlakeCatalog) -> 
 
 
 def test_a_batch_over_several_partitions_writes_one_file_each(cat: VidlakeCatalog) -> None:
-    ids = _clips(_assets(20)["asset_id"].to_pylist(), 30)["clip_id"]
+    clips = _clips(_assets(20)["asset_id"].to_pylist(), 30)
+    cat.add_clips(clips)  # scores need existing clips
+    ids = clips["clip_id"]
     names = ["aesthetic", "motion", "ocr"] * 10
     cat.add_scores(
         pa.table(
@@ -153,7 +155,7 @@ def test_a_wrong_clip_id_found_during_the_write_commits_nothing(
     wrong = dup.set_column(0, "clip_id", pc.utf8_replace_slice(dup["clip_id"], 0, 1, "z"))
     with pytest.raises(InvalidBatch):
         cat.add_clips(wrong)
-    assert cat.add_clips(dup).duplicates == 50
+    assert cat.add_clips(dup, idempotency_key="second-pass").duplicates == 50
 
 
 def test_a_lost_commit_race_removes_its_files_and_the_catalog_retries(

@@ -22,6 +22,7 @@ from catalog import rules
 from catalog.catalog import CatalogConfig, Pin, VidlakeCatalog
 from catalog.errors import Conflict, InvalidBatch, InvalidInput
 from catalog.tables import TABLE_NAMES, TABLES
+from tests.catalog._latents import npy_bytes, safetensors_bytes
 
 RNG_SEED = 7
 
@@ -174,10 +175,13 @@ def test_eval_split_is_the_salted_hash_and_never_recomputed(tmp_path: Path) -> N
             cat.add_assets([asset("new-a"), asset(fresh[1], split="train"), asset("new-b")])
         assert (exc.value.row, exc.value.field) == (1, "split")
         assert cat.pin()["assets"] == before
-    # The same catalog reopened gives every asset the split it already has.
+    # The same catalog reopened gives every asset the split it already has: the same
+    # batch replays its first result, and under a new key it is all duplicates.
     with VidlakeCatalog.open(CatalogConfig.embedded(tmp_path)) as cat:
         res = cat.add_assets([asset(i) for i in range(300)])
-        assert (res.inserted, res.duplicates) == (0, 300)
+        assert (res.replayed, res.inserted, res.eval) == (True, 300, result.eval)
+        res = cat.add_assets([asset(i) for i in range(300)], idempotency_key="again")
+        assert (res.replayed, res.inserted, res.duplicates) == (False, 0, 300)
 
 
 def test_forcing_train_on_a_carved_asset_is_rejected(tmp_path: Path) -> None:
@@ -327,8 +331,8 @@ def test_latents_reference_clips_and_stored_objects(cat: VidlakeCatalog) -> None
     a = train_ids(cat, 1)[0]
     cat.add_assets([asset(0, asset_id=a)])
     cat.add_clips([clip(a, 0), clip(a, 1)])
-    blob = b"latent-bytes-" * 100
-    packed = b"".join(bytes([i]) * 64 for i in range(4))
+    blob = safetensors_bytes({"latent": ("BF16", [4, 8, 32, 32])})
+    packed = b"".join(bytes([i]) * 64 for i in range(4))  # pt members: no header to read
     one = cat.objects.put_bytes(blob).info
     pack = cat.objects.put_bytes(packed).info
     member = hashlib.sha256(packed[64:128]).hexdigest()
@@ -662,12 +666,14 @@ def test_warehouse_and_objects_on_s3(tmp_path: Path, s3_server: str, s3_bucket: 
         a = train_ids(cat, 1)[0]
         cat.add_assets([asset(0, asset_id=a)])
         cat.add_clips([clip(a, 0)])
-        blob = cat.objects.put_bytes(b"z" * 512).info
+        data = npy_bytes([16, 2, 4, 4])
+        blob = cat.objects.put_bytes(data).info
         pin = cat.pin()
         row = {"clip_id": cid(a), "rung": "256p", "tokenizer_version": "t", "format": "npy"}
         row |= {"object_sha256": blob.sha256, "tensor_keys": ["x"], "tokens": 16}
+        row |= {"shapes": [[16, 2, 4, 4]], "dtypes": ["float16"], "latent_frames": 2}
         cat.add_latents([row])
-        assert cat.scan("latents")["length"].to_pylist() == [512]
+        assert cat.scan("latents")["length"].to_pylist() == [len(data)]
         assert cat.scan("latents", pin).num_rows == 0
         location = cat.iceberg_table("clips").metadata_location
         assert location.startswith(f"s3://{s3_bucket}/warehouse/")

@@ -30,6 +30,7 @@ from loader.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
 from manifests.registry import Registry, SnapshotRecord, canonical_json
 from service.auth import hash_token
 from service.settings import Settings
+from tests.catalog._latents import safetensors_bytes
 
 with warnings.catch_warnings():
     # starlette warns at import that it prefers httpx2; the suite turns warnings into
@@ -158,7 +159,10 @@ def build_world(home: Path, *, snapshots: int = 2) -> World:
         world.clip_split[c] = s
     latents = []
     for clip_id in sorted(world.clips):
-        put = catalog.objects.put_bytes(f"latent bytes of {clip_id} ".encode() * 40)
+        latent = safetensors_bytes(
+            {"latent": ("BF16", [4, 12, 4, 4])}, header={"__metadata__": {"clip_id": clip_id}}
+        )
+        put = catalog.objects.put_bytes(latent)
         world.latent_object[clip_id] = put.info.sha256
         latents.append(
             {

@@ -87,8 +87,12 @@ def test_json_round_trip_counts_duplicates_and_eval(fresh: tuple[TestClient, Ser
         "rejected": 0,
         "near_duplicates": 0,
         "snapshot_id": body["snapshot_id"],
+        "idempotency_key": body["idempotency_key"],
+        "replayed": False,
     }
-    again = client.post("/v1/assets", json=rows).json()
+    # The same batch replays its first response; under another key it is all duplicates.
+    assert client.post("/v1/assets", json=rows).json() == {**body, "replayed": True}
+    again = client.post("/v1/assets", json=rows, headers={"Idempotency-Key": "second"}).json()
     assert (again["inserted"], again["duplicates"]) == (0, 6)
     stored = services.catalog.scan("assets", include_eval=True)
     assert sorted(stored.column("asset_id").to_pylist()) >= sorted(r["asset_id"] for r in rows)
@@ -118,8 +122,11 @@ def test_arrow_round_trip(fresh: tuple[TestClient, Services]) -> None:
     }
     stored = set(services.catalog.scan("clips", include_eval=True).column("clip_id").to_pylist())
     assert expected <= stored
-    # The same batch again is all duplicates.
+    # The same batch again replays; under another key it is all duplicates.
     r = client.post("/v1/clips", content=arrow_stream(clips), headers={"Content-Type": ARROW})
+    assert (r.json()["inserted"], r.json()["replayed"]) == (3, True)
+    headers = {"Content-Type": ARROW, "Idempotency-Key": "clips-again"}
+    r = client.post("/v1/clips", content=arrow_stream(clips), headers=headers)
     assert (r.json()["inserted"], r.json()["duplicates"]) == (0, 3)
 
 
