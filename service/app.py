@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -27,6 +28,7 @@ from service.errors import PayloadTooLarge, install_error_handlers
 from service.metrics import MetricsMiddleware
 from service.routers import dashboard, health, ingest, jobs, lineage, objects, snapshots, sql
 from service.routers.health import API_VERSION
+from service.row_schemas import row_schemas
 from service.settings import Settings, get_settings
 
 __all__ = ["BodyLimitMiddleware", "create_app"]
@@ -57,7 +59,10 @@ class BodyLimitMiddleware:
         exc = PayloadTooLarge(
             f"the request body is larger than {self.limit} bytes", limit=self.limit
         )
-        return JSONResponse({"error": exc.to_dict()}, status_code=413)
+        # Close the connection: otherwise the server drains a declared body it refused.
+        return JSONResponse(
+            {"error": exc.to_dict()}, status_code=413, headers={"Connection": "close"}
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -122,6 +127,7 @@ def create_app(
         openapi_url="/openapi.json",
     )
     app.state.services = services
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     install_error_handlers(app)
     for module in (ingest, snapshots, jobs, sql, lineage, objects, health, dashboard):
         app.include_router(module.router)
@@ -131,6 +137,21 @@ def create_app(
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=services.metrics)
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document plus the per-table ingest row schemas it references."""
+    if app.openapi_schema is None:
+        doc = get_openapi(
+            title=app.title,
+            version=app.version,
+            description=app.description,
+            routes=app.routes,
+        )
+        doc.setdefault("components", {}).setdefault("schemas", {}).update(row_schemas())
+        doc["components"]["schemas"] = dict(sorted(doc["components"]["schemas"].items()))
+        app.openapi_schema = doc
+    return app.openapi_schema
 
 
 def __getattr__(name: str) -> Any:
