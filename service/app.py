@@ -4,12 +4,15 @@
 module attribute ``app`` is built on first access, so that importing this module
 reads no settings and opens nothing. The catalog, registry and job store are
 opened on first use (:class:`service.deps.Services`); the lifespan only checks that
-an open (token-less) API is bound to loopback, and on shutdown lets running jobs
-finish.
+an open (token-less) API is bound to loopback (the ``host`` setting and the sockets
+the process listens on, :mod:`service.loopback`), and on shutdown lets running jobs
+finish. In open mode every request from a non-loopback client is a 403, however the
+app was started.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from catalog.errors import VidlakeError
 from service.deps import CutFn, Services
 from service.errors import PayloadTooLarge, install_error_handlers
+from service.loopback import OpenModeGuard, check_listening, watch_listening
 from service.metrics import MetricsMiddleware
 from service.routers import dashboard, health, ingest, jobs, lineage, objects, snapshots, sql
 from service.routers.health import API_VERSION
@@ -113,11 +117,19 @@ def create_app(
     """
     services = Services(settings, catalog=catalog, cut=cut)
 
+    def is_open() -> bool:
+        return services.auth.open
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services.check_startup()
-        yield
-        services.close()
+        check_listening(is_open())
+        watcher = asyncio.create_task(watch_listening(is_open))
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            services.close()
 
     app = FastAPI(
         title="vidlake",
@@ -133,8 +145,10 @@ def create_app(
         app.include_router(module.router)
     static = resources.files("service").joinpath("static")
     app.mount("/static", StaticFiles(directory=str(static)), name="static")
-    # Outermost last: metrics see every request, the body limit applies before routing.
+    # Outermost last: metrics see every request, open mode refuses other machines
+    # before anything else, the body limit applies before routing.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(OpenModeGuard, is_open=is_open)
     app.add_middleware(MetricsMiddleware, metrics=services.metrics)
     return app
 
