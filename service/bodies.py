@@ -14,7 +14,7 @@ may cost is bounded before it is materialised:
   before decoding (:mod:`service.ipc_guard`).
 
 JSON numbers for integer columns must be integral (``1.5`` for ``size`` is a 422,
-never a silent ``1``).
+never a silent ``1``), and a partition column's value must fit a directory name.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import pyarrow as pa
 from fastapi import Request
@@ -35,6 +36,7 @@ __all__ = [
     "ARROW_STREAM",
     "BodyLimits",
     "check_integral",
+    "check_partition_values",
     "decode_batch",
     "media_type",
     "read_body",
@@ -158,6 +160,41 @@ def _json_rows(body: bytes, limits: BodyLimits, columns: int) -> list[dict[str, 
             what="cells",
         )
     return rows
+
+
+#: Longest file name the warehouse's filesystems take (a partition directory is one).
+MAX_PATH_SEGMENT = 255
+
+
+def check_partition_values(
+    batch: pa.Table | Sequence[Mapping[str, Any]], columns: Sequence[str]
+) -> None:
+    """Reject values of partition columns whose warehouse directory name
+    (``column=<percent-encoded value>``) would be longer than a file name may be:
+    the append would fail in the filesystem, after validation.
+
+    Raises:
+        InvalidBatch: naming the first such row and field.
+    """
+    for name in columns:
+        if isinstance(batch, pa.Table):
+            if name not in batch.column_names:
+                continue
+            values: list[Any] = batch.column(name).to_pylist()
+        else:
+            values = [row.get(name) for row in batch]
+        seen: set[str] = set()
+        for i, value in enumerate(values):
+            if not isinstance(value, str) or value in seen:
+                continue
+            seen.add(value)
+            if len(f"{name}={quote(value, safe='')}".encode()) > MAX_PATH_SEGMENT:
+                raise InvalidBatch(
+                    f"row {i}, field {name!r}: the value is too long to partition by "
+                    f"({MAX_PATH_SEGMENT} bytes once percent-encoded, with the column name)",
+                    row=i,
+                    field=name,
+                )
 
 
 def check_integral(rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> None:

@@ -5,9 +5,11 @@ from :data:`catalog.tables.TABLES`: the Iceberg field types (integer widths, num
 booleans, ``date-time`` strings, lists), which fields are required (non-nullable,
 neither derived by the catalog nor filled with a default or the ingest time), their
 docs, and the row rules the catalog runs that JSON Schema can say — hex-id patterns
-(``_hex``), enums (``_one_of``), bounds (``_cmp``) and non-empty strings
-(``_nonempty``), read from the rules themselves so that they cannot drift. Unknown
-columns are refused (``additionalProperties: false``), as the catalog does.
+(``_hex``), enums (``_one_of``), bounds (``_cmp``), non-empty strings (``_nonempty``),
+name patterns and versions (``_named``, ``_version``) — read from the rules themselves
+so that they cannot drift (a rule of another kind only leaves the schema looser than
+the server, never stricter). Unknown columns are refused
+(``additionalProperties: false``), as the catalog does.
 
 The ingest routes reference these schemas for ``application/json`` bodies and name
 them for Arrow IPC bodies (``x-vidlake-columns``), whose columns are the same.
@@ -82,6 +84,10 @@ def _rule(check: Callable[..., Any]) -> dict[str, Any]:
         return {"enum": list(env["values"])}
     if kind == "_nonempty":
         return {"minLength": 1, "pattern": r"\S"}
+    if kind == "_named" and isinstance(env.get("pattern"), str):  # catalog.names patterns
+        return {"pattern": env["pattern"]}
+    if kind == "_version":
+        return {"minLength": 1, "pattern": r"\S", **_version_length()}
     if kind == "_absent":  # set by the catalog, never by a producer
         return {"type": "null"}
     if kind == "_fingerprint_ok":
@@ -90,6 +96,15 @@ def _rule(check: Callable[..., Any]) -> dict[str, Any]:
         strict = getattr(env.get("fn"), "__name__", "") == "greater"
         return {"exclusiveMinimum" if strict else "minimum": env["value"]}
     return {}
+
+
+def _version_length() -> dict[str, Any]:
+    try:
+        from catalog import names  # type: ignore[attr-defined, unused-ignore]
+    except ImportError:
+        return {}
+    longest = getattr(names, "VERSION_MAX_LENGTH", None)
+    return {"maxLength": longest} if isinstance(longest, int) else {}
 
 
 def _required(tdef: TableDef, name: str, nullable: bool) -> bool:
@@ -140,7 +155,7 @@ def _nullable(schema: dict[str, Any]) -> dict[str, Any]:
     if "enum" in schema:
         schema = {**schema, "enum": [*schema["enum"], None]}
     typ = schema.get("type")
-    if isinstance(typ, str):
+    if isinstance(typ, str) and typ != "null":
         return {**schema, "type": [typ, "null"]}
     return schema
 

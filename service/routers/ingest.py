@@ -5,8 +5,9 @@ A body is a JSON array of row objects (``application/json``, at most
 ``max_json_body_bytes``) or an Arrow IPC stream (``application/vnd.apache.arrow.stream``,
 at most ``max_body_bytes``), read and decoded within bounds by :mod:`service.bodies`
 (413 beyond); each table's row schema is published in the OpenAPI document
-(:mod:`service.row_schemas`). One request is one catalog commit: a bad row rejects the batch with a
-422 ``invalid_batch`` that names the row and field, and nothing is written.
+(:mod:`service.row_schemas`). One request is one catalog commit: a bad row rejects
+the batch with a 422 ``invalid_batch`` that names the row and field, and nothing is
+written.
 ``POST /v1/jobs`` records *curation* job rows in the catalog's ``jobs`` table; the
 service's own background jobs are read with ``GET /v1/jobs``.
 """
@@ -25,7 +26,14 @@ from numpy.typing import NDArray
 
 from catalog.errors import InvalidBatch
 from catalog.tables import TABLES, arrow_schema
-from service.bodies import ARROW_STREAM, BodyLimits, check_integral, decode_batch, read_body
+from service.bodies import (
+    ARROW_STREAM,
+    BodyLimits,
+    check_integral,
+    check_partition_values,
+    decode_batch,
+    read_body,
+)
 from service.deps import Services, Svc, Writer
 from service.row_schemas import EMBEDDING_ROW, request_body, row_schema_name
 from service.schemas import ErrorResponse, IngestPublic
@@ -65,8 +73,10 @@ def _decode(
     tdef = TABLES.get(table) if table is not None else None
     columns = len(tdef.schema.fields) if tdef is not None else _EMBEDDING_COLUMNS
     batch = decode_batch(media, body, limits, columns)
-    if isinstance(batch, list) and tdef is not None:
-        check_integral(batch, arrow_schema(tdef.schema))
+    if tdef is not None:
+        if isinstance(batch, list):
+            check_integral(batch, arrow_schema(tdef.schema))
+        check_partition_values(batch, tdef.partition_by)
     return batch
 
 

@@ -236,3 +236,14 @@ def test_a_refused_declared_length_closes_the_connection(tmp_path: Path) -> None
                 received += chunk
             assert received.startswith(b"HTTP/1.1 413"), received[:200]
             assert time.monotonic() - start < 5
+
+
+def test_a_partition_value_too_long_for_a_directory_name_is_422(small: TestClient) -> None:
+    # 60 non-ASCII characters percent-encode to 360 bytes: a file name the warehouse
+    # cannot create (the append failed with a 502 after every check had passed).
+    row = {"clip_id": "0" * 32, "caption_version": "é" * 60, "kind": "dense", "text": "t"}
+    error = assert_error(small.post("/v1/captions", json=[row]), 422, "invalid_batch")
+    assert error["details"] == {"row": 0, "field": "caption_version"}
+    table = pa.Table.from_pylist([row])
+    r = small.post("/v1/captions", content=arrow_stream(table), headers={"Content-Type": ARROW})
+    assert assert_error(r, 422, "invalid_batch")["details"]["field"] == "caption_version"
