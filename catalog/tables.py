@@ -228,7 +228,10 @@ def _one_of(col: str, values: Sequence[str]) -> Check:
 
 def _cmp(col: str, op: str, value: float) -> Check:
     fn = {"ge": pc.greater_equal, "gt": pc.greater}[op]
-    return lambda t: pc.and_kleene(fn(t[col], value), pc.is_finite(pc.cast(t[col], pa.float64())))
+    # safe=False: an int64 beyond 2**53 is still finite (a safe cast would raise).
+    return lambda t: pc.and_kleene(
+        fn(t[col], value), pc.is_finite(pc.cast(t[col], pa.float64(), safe=False))
+    )
 
 
 def _absent(col: str) -> Check:
@@ -547,9 +550,7 @@ def _pylist_column(name: str, values: list[Any], typ: pa.DataType) -> pa.Chunked
     if pa.types.is_timestamp(typ):
         values = [_parse_time(i, name, v) for i, v in enumerate(values)]
     elif name == "fingerprint":
-        values = [
-            pack_fingerprint(v) if isinstance(v, list | tuple | np.ndarray) else v for v in values
-        ]
+        values = [_packed(i, v) for i, v in enumerate(values)]
     try:
         return pa.chunked_array([pa.array(values, type=typ)])
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
@@ -559,6 +560,16 @@ def _pylist_column(name: str, values: list[Any], typ: pa.DataType) -> pa.Chunked
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
                 raise _bad(i, name, f"cannot convert {value!r} to {typ}") from exc
         raise _bad(None, name, str(exc)) from exc
+
+
+def _packed(row: int, value: Any) -> Any:
+    """A fingerprint given as frame hashes, packed (each an unsigned 64-bit int)."""
+    if not isinstance(value, list | tuple | np.ndarray):
+        return value
+    try:
+        return pack_fingerprint(value)
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise _bad(row, "fingerprint", "frame hashes are unsigned 64-bit integers") from exc
 
 
 def _parse_time(row: int, name: str, value: Any) -> Any:

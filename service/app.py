@@ -4,12 +4,15 @@
 module attribute ``app`` is built on first access, so that importing this module
 reads no settings and opens nothing. The catalog, registry and job store are
 opened on first use (:class:`service.deps.Services`); the lifespan only checks that
-an open (token-less) API is bound to loopback, and on shutdown lets running jobs
-finish.
+an open (token-less) API is bound to loopback (the ``host`` setting and the sockets
+the process listens on, :mod:`service.loopback`), and on shutdown lets running jobs
+finish. In open mode every request from a non-loopback client is a 403, however the
+app was started.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,6 +20,7 @@ from importlib import resources
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -24,9 +28,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from catalog.errors import VidlakeError
 from service.deps import CutFn, Services
 from service.errors import PayloadTooLarge, install_error_handlers
+from service.loopback import OpenModeGuard, check_listening, watch_listening
 from service.metrics import MetricsMiddleware
 from service.routers import dashboard, health, ingest, jobs, lineage, objects, snapshots, sql
 from service.routers.health import API_VERSION
+from service.row_schemas import row_schemas
 from service.settings import Settings, get_settings
 
 __all__ = ["BodyLimitMiddleware", "create_app"]
@@ -57,7 +63,10 @@ class BodyLimitMiddleware:
         exc = PayloadTooLarge(
             f"the request body is larger than {self.limit} bytes", limit=self.limit
         )
-        return JSONResponse({"error": exc.to_dict()}, status_code=413)
+        # Close the connection: otherwise the server drains a declared body it refused.
+        return JSONResponse(
+            {"error": exc.to_dict()}, status_code=413, headers={"Connection": "close"}
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -108,11 +117,19 @@ def create_app(
     """
     services = Services(settings, catalog=catalog, cut=cut)
 
+    def is_open() -> bool:
+        return services.auth.open
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services.check_startup()
-        yield
-        services.close()
+        check_listening(is_open())
+        watcher = asyncio.create_task(watch_listening(is_open))
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            services.close()
 
     app = FastAPI(
         title="vidlake",
@@ -122,15 +139,33 @@ def create_app(
         openapi_url="/openapi.json",
     )
     app.state.services = services
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     install_error_handlers(app)
     for module in (ingest, snapshots, jobs, sql, lineage, objects, health, dashboard):
         app.include_router(module.router)
     static = resources.files("service").joinpath("static")
     app.mount("/static", StaticFiles(directory=str(static)), name="static")
-    # Outermost last: metrics see every request, the body limit applies before routing.
+    # Outermost last: metrics see every request, open mode refuses other machines
+    # before anything else, the body limit applies before routing.
     app.add_middleware(BodyLimitMiddleware, limit=settings.max_body_bytes)
+    app.add_middleware(OpenModeGuard, is_open=is_open)
     app.add_middleware(MetricsMiddleware, metrics=services.metrics)
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document plus the per-table ingest row schemas it references."""
+    if app.openapi_schema is None:
+        doc = get_openapi(
+            title=app.title,
+            version=app.version,
+            description=app.description,
+            routes=app.routes,
+        )
+        doc.setdefault("components", {}).setdefault("schemas", {}).update(row_schemas())
+        doc["components"]["schemas"] = dict(sorted(doc["components"]["schemas"].items()))
+        app.openapi_schema = doc
+    return app.openapi_schema
 
 
 def __getattr__(name: str) -> Any:

@@ -123,7 +123,10 @@ def _client(url: str | None, token: str | None) -> _Client:
     from service.app import create_app
 
     client = _Client.__new__(_Client)
-    client.http = TestClient(create_app(get_settings()), raise_server_exceptions=True)
+    # In process, hence a loopback client: an open service refuses any other.
+    client.http = TestClient(
+        create_app(get_settings()), raise_server_exceptions=True, client=("127.0.0.1", 0)
+    )
     return client
 
 

@@ -22,6 +22,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.auth import Authenticator, Principal, check_bind, load_tokens
+from service.eval_objects import EvalObjects
+from service.eval_versions import EvalVersions
 from service.jobs import JobRecord, JobRunner, JobStore
 from service.lineage import SnapshotReader
 from service.metrics import Metrics
@@ -108,6 +110,8 @@ class Services:
         self._registry: Registry | None = None
         self._reader: SnapshotReader | None = None
         self._views: CatalogViews | None = None
+        self._eval_objects: EvalObjects | None = None
+        self._eval_versions: EvalVersions | None = None
         self._runner: JobRunner | None = None
         self._auth: Authenticator | None = None
         self._pin: tuple[float, Pin] | None = None
@@ -182,6 +186,22 @@ class Services:
             if self._views is None:
                 self._views = CatalogViews(self.catalog)
             return self._views
+
+    @property
+    def eval_objects(self) -> EvalObjects:
+        """The eval-only objects index (:mod:`service.eval_objects`)."""
+        with self._lock:
+            if self._eval_objects is None:
+                self._eval_objects = EvalObjects(self.views)
+            return self._eval_objects
+
+    @property
+    def eval_versions(self) -> EvalVersions:
+        """Which snapshot versions hold eval material (:mod:`service.eval_versions`)."""
+        with self._lock:
+            if self._eval_versions is None:
+                self._eval_versions = EvalVersions(self.views, self.reader)
+            return self._eval_versions
 
     # -- jobs -----------------------------------------------------------------------
     @property

@@ -4,10 +4,11 @@ Every error body is ``{"error": {"code", "message", "details"}}``. The mapping i
 once, here: :class:`~catalog.errors.VidlakeError` subclasses carry their own
 ``http_status`` and ``to_dict()``; FastAPI's request validation errors become 422
 ``invalid_input``; Starlette's routing errors (404, 405) keep their status with a
-code named after it; anything else is a 500 ``internal_error`` (a bug) whose message
-does not leak internals.
+code named after it (a 405 names every method the path allows in ``Allow``, and an
+``OPTIONS`` request is a 204 with that ``Allow``); anything else is a 500
+``internal_error`` (a bug) whose message does not leak internals.
 
-Two HTTP-only errors live here, inside the one tree (both are bad input, so they
+Three HTTP-only errors live here, inside the one tree (all are bad input, so they
 derive from :class:`~catalog.errors.InvalidInput`):
 
 * :class:`PayloadTooLarge` (413): a request body over ``max_body_bytes``.
@@ -22,8 +23,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from catalog.errors import InvalidInput, VidlakeError
 
@@ -31,6 +33,7 @@ __all__ = [
     "PayloadTooLarge",
     "RangeNotSatisfiable",
     "UnsupportedMediaType",
+    "allowed_methods",
     "error_body",
     "error_response",
     "install_error_handlers",
@@ -112,9 +115,36 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(body, status_code=422)
 
 
-async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (``OPTIONS`` included)."""
+    # Each method is probed against the routes (included routers answer for theirs).
+    routes = request.app.router.routes
+    allowed = [
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes
+        )
+    ]
+    return [*allowed, "OPTIONS"]
+
+
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE")
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     status = exc.status_code
+    if status == 405:
+        allow = ", ".join(allowed_methods(request))
+        if request.method == "OPTIONS":  # what the path supports, not an error
+            return Response(status_code=204, headers={"Allow": allow})
+        message = f"{request.method} is not allowed on {request.url.path}; allowed: {allow}"
+        return JSONResponse(
+            error_body("method_not_allowed", message, {"allow": allow.split(", ")}),
+            status_code=405,
+            headers={"Allow": allow},
+        )
     message = str(exc.detail) if exc.detail else ""
     if status == 400 and message == "There was an error parsing the body":
         # FastAPI's word for a body that is not UTF-8 JSON; every other JSON problem

@@ -532,12 +532,12 @@ def clip_lineage(
             f"a clip id is 32 lowercase hex characters, got {clip_id!r}", field="clip_id"
         )
     clips = views.lookup("clips", pin, "clip_id", [clip_id])
-    if clips.num_rows == 0:
+    clip = _jsonable_rows(clips)[0] if clips.num_rows else None
+    # An eval clip is absent to a caller without eval (a 404 like a missing clip, so
+    # that its existence is not disclosed either).
+    if clip is None or (clip.get("split") == "eval" and not sees_eval):
         raise NotFound(f"no clip {clip_id}", clip_id=clip_id)
-    clip = _jsonable_rows(clips)[0]
     _json_field(clip, "metadata")
-    if clip.get("split") == "eval" and not sees_eval:
-        raise Forbidden(f"clip {clip_id} is eval material; the eval scope is needed", scope="eval")
     asset_id = clip["asset_id"]
     by_asset = ("asset_id", [asset_id])
     by_clip = ("clip_id", [clip_id])

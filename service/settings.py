@@ -45,7 +45,17 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8321, ge=1, le=65535)
     tokens_file: Path | None = None
-    max_body_bytes: int = 256 * 1024 * 1024
+    max_body_bytes: int = Field(256 * 1024 * 1024, ge=1, description="Any request body")
+    max_json_body_bytes: int = Field(
+        16 * 1024 * 1024, ge=1, description="A JSON ingest body (send Arrow for more)"
+    )
+    max_json_values: int = Field(
+        2_000_000, ge=1, description="Values (commas + brackets) of a JSON ingest body"
+    )
+    max_decoded_bytes: int = Field(
+        512 * 1024 * 1024, ge=1, description="Decoded bytes of an Arrow ingest body"
+    )
+    max_batch_cells: int = Field(50_000_000, ge=1, description="Rows x columns of one ingest batch")
     sql_row_limit: int = 10_000
     sql_timeout_s: float = 10.0
     sql_memory_limit: str = "1GB"

@@ -23,6 +23,7 @@ from catalog.errors import VidlakeError
 from service.deps import Reader, Services, Svc
 from service.jobs import JobRecord
 from service.routers.health import API_VERSION
+from service.schemas import ErrorResponse
 
 __all__ = ["router"]
 
@@ -119,7 +120,16 @@ def _job_row(job: JobRecord) -> str:
     )
 
 
-@router.get("/", response_class=HTMLResponse, summary="Dashboard (HTML, auto-refreshing)")
+@router.get(
+    "/",
+    response_class=HTMLResponse,
+    responses={
+        200: {"content": {"text/html": {"schema": {"type": "string"}}}},
+        401: {"model": ErrorResponse, "description": "Tokens are configured and none was sent"},
+        403: {"model": ErrorResponse, "description": "The token lacks the read scope"},
+    },
+    summary="Dashboard (HTML, auto-refreshing; needs the read scope)",
+)
 def dashboard(services: Svc, principal: Reader) -> HTMLResponse:
     counts, catalog_error = _catalog_counts(services)
     catalog_rows = "\n".join(

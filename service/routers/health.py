@@ -1,15 +1,17 @@
 """``GET /v1/health`` and ``GET /metrics`` (both need no token: load balancers and
-Prometheus call them, and they reveal no catalog content)."""
+Prometheus call them, and they reveal no catalog content; an open service still
+answers loopback clients only)."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import APIRouter, Response
 
 from catalog.errors import VidlakeError
 from service.deps import Svc
-from service.schemas import HealthPublic
+from service.schemas import ErrorResponse, HealthPublic
 
 __all__ = ["API_VERSION", "router"]
 
@@ -19,7 +21,18 @@ router = APIRouter(tags=["operations"])
 log = logging.getLogger("vidlake.service")
 
 
-@router.get("/v1/health", response_model=HealthPublic, summary="Liveness and catalog status")
+#: An open service (no tokens) answers loopback clients only (:mod:`service.loopback`).
+_OPEN_MODE_403: dict[int | str, dict[str, Any]] = {
+    403: {"model": ErrorResponse, "description": "Open mode and a non-loopback client"}
+}
+
+
+@router.get(
+    "/v1/health",
+    response_model=HealthPublic,
+    responses=_OPEN_MODE_403,
+    summary="Liveness and catalog status",
+)
 def health(services: Svc) -> HealthPublic:
     catalog, latest = "ok", None
     try:
@@ -41,7 +54,7 @@ def health(services: Svc) -> HealthPublic:
 @router.get(
     "/metrics",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}},
+    responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}, **_OPEN_MODE_403},
     summary="Prometheus metrics",
 )
 def metrics(services: Svc) -> Response:

@@ -1,20 +1,21 @@
 """Ingest: ``POST /v1/{assets,clips,latents,scores,captions,tombstones,asset-events,jobs,
 embeddings}``.
 
-A body is a JSON array of row objects (``application/json``) or an Arrow IPC stream
-(``application/vnd.apache.arrow.stream``) of at most the server's ``max_body_bytes``
-(413 beyond). One request is one catalog commit: a bad row rejects the batch with a
-422 ``invalid_batch`` that names the row and field, and nothing is written. An
-``Idempotency-Key`` header names the batch (default: the SHA-256 of its canonical
-bytes); a rerun with a recorded key writes nothing and returns the first result
-with ``replayed: true`` (:mod:`catalog.idempotency`).
+A body is a JSON array of row objects (``application/json``, at most
+``max_json_body_bytes``) or an Arrow IPC stream (``application/vnd.apache.arrow.stream``,
+at most ``max_body_bytes``), read and decoded within bounds by :mod:`service.bodies`
+(413 beyond); each table's row schema is published in the OpenAPI document
+(:mod:`service.row_schemas`). One request is one catalog commit: a bad row rejects
+the batch with a 422 ``invalid_batch`` that names the row and field, and nothing is
+written. An ``Idempotency-Key`` header names the batch (default: the SHA-256 of its
+canonical bytes); a rerun with a recorded key writes nothing and returns the first
+result with ``replayed: true`` (:mod:`catalog.idempotency`).
 ``POST /v1/jobs`` records *curation* job rows in the catalog's ``jobs`` table; the
 service's own background jobs are read with ``GET /v1/jobs``.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
@@ -26,13 +27,23 @@ from fastapi.concurrency import run_in_threadpool
 from numpy.typing import NDArray
 
 from catalog.errors import InvalidBatch
+from catalog.tables import TABLES, arrow_schema
+from service.bodies import (
+    ARROW_STREAM,
+    BodyLimits,
+    check_integral,
+    check_partition_values,
+    decode_batch,
+    read_body,
+)
 from service.deps import Services, Svc, Writer
-from service.errors import UnsupportedMediaType
+from service.row_schemas import EMBEDDING_ROW, request_body, row_schema_name
 from service.schemas import ErrorResponse, IngestPublic
 
-__all__ = ["ARROW_STREAM", "parse_batch", "router"]
+__all__ = ["ARROW_STREAM", "router"]
 
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
+#: Columns an embeddings batch materialises (clip_id, vector, model_version, ...).
+_EMBEDDING_COLUMNS = 5
 
 router = APIRouter(prefix="/v1", tags=["ingest"])
 
@@ -57,57 +68,30 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _body_doc(description: str) -> dict[str, Any]:
-    return {
-        "requestBody": {
-            "required": True,
-            "description": description,
-            "content": {
-                "application/json": {
-                    "schema": {"type": "array", "items": {"type": "object"}},
-                },
-                ARROW_STREAM: {"schema": {"type": "string", "format": "binary"}},
-            },
-        }
-    }
+def _body_doc(description: str, row_schema: str) -> dict[str, Any]:
+    return {"requestBody": request_body(description, row_schema)}
 
 
-def parse_batch(content_type: str | None, body: bytes) -> pa.Table | list[dict[str, Any]]:
-    """A request body as an Arrow table or a list of row dicts.
-
-    Raises:
-        UnsupportedMediaType: neither JSON nor an Arrow IPC stream.
-        InvalidBatch: the body does not parse, or is not a list of objects.
-    """
-    media = (content_type or "application/json").split(";")[0].strip().lower()
-    if media == ARROW_STREAM:
-        try:
-            return pa.ipc.open_stream(pa.py_buffer(body)).read_all()
-        except (pa.ArrowException, ValueError) as exc:
-            raise InvalidBatch(
-                f"the body is not an Arrow IPC stream: {exc}", row=None, field=None
-            ) from None
-    if media != "application/json" and not media.endswith("+json"):
-        raise UnsupportedMediaType(
-            f"send application/json or {ARROW_STREAM}, not {media!r}", media_type=media
-        )
-    try:
-        rows = json.loads(body)
-    except (ValueError, RecursionError) as exc:
-        raise InvalidBatch(f"the body is not valid JSON: {exc}", row=None, field=None) from None
-    if not isinstance(rows, list):
-        raise InvalidBatch("a JSON body must be an array of row objects", row=None, field=None)
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            raise InvalidBatch(f"row {i} is not an object", row=i, field=None)
-    return rows
+def _decode(
+    services: Services, media: str, body: bytes, table: str | None
+) -> pa.Table | list[dict[str, Any]]:
+    """The body within the service's limits; JSON integers checked against ``table``."""
+    limits = BodyLimits.from_settings(services.settings)
+    tdef = TABLES.get(table) if table is not None else None
+    columns = len(tdef.schema.fields) if tdef is not None else _EMBEDDING_COLUMNS
+    batch = decode_batch(media, body, limits, columns)
+    if tdef is not None:
+        if isinstance(batch, list):
+            check_integral(batch, arrow_schema(tdef.schema))
+        check_partition_values(batch, tdef.partition_by)
+    return batch
 
 
 def _ingest(
-    services: Services, path: str, content_type: str | None, body: bytes, key: str | None = None
+    services: Services, path: str, media: str, body: bytes, key: str | None = None
 ) -> IngestPublic:
     table, method = _TABLES[path]
-    batch = parse_batch(content_type, body)
+    batch = _decode(services, media, body, table)
     received = batch.num_rows if isinstance(batch, pa.Table) else len(batch)
     if received == 0:
         return IngestPublic(table=table, received=0, inserted=0, duplicates=0, eval=0, rejected=0)
@@ -150,10 +134,8 @@ def _register(path: str) -> None:
         principal: Writer,
         idempotency_key: Annotated[str | None, Header(description=_KEY_DOC)] = None,
     ) -> IngestPublic:
-        body = await request.body()
-        return await run_in_threadpool(
-            _ingest, services, path, request.headers.get("content-type"), body, idempotency_key
-        )
+        media, body = await read_body(request, BodyLimits.from_settings(services.settings))
+        return await run_in_threadpool(_ingest, services, path, media, body, idempotency_key)
 
     router.add_api_route(
         f"/{path}",
@@ -164,7 +146,7 @@ def _register(path: str) -> None:
         name=f"ingest_{table}",
         operation_id=f"ingest_{table}",
         summary=f"Ingest a batch of {table.replace('_', ' ')}",
-        openapi_extra=_body_doc(f"Rows of the catalog's {table} table"),
+        openapi_extra=_body_doc(f"Rows of the catalog's {table} table", row_schema_name(table)),
     )
 
 
@@ -244,11 +226,11 @@ def _embedding_columns(
 
 
 def _ingest_embeddings(
-    services: Services, content_type: str | None, body: bytes, model_version: str | None
+    services: Services, media: str, body: bytes, model_version: str | None
 ) -> IngestPublic:
     from catalog.embeddings import EmbeddingIndex
 
-    batch = parse_batch(content_type, body)
+    batch = _decode(services, media, body, None)
     received = batch.num_rows if isinstance(batch, pa.Table) else len(batch)
     if received == 0:
         return IngestPublic(
@@ -314,7 +296,8 @@ def _clip_splits(services: Services, clip_ids: list[str]) -> Mapping[str, tuple[
     responses=_ERRORS,
     summary="Ingest clip embeddings (LanceDB, one table per model version)",
     openapi_extra=_body_doc(
-        "Rows {clip_id, vector, model_version?}; the clip's asset and split come from the catalog"
+        "Rows {clip_id, vector, model_version?}; the clip's asset and split come from the catalog",
+        EMBEDDING_ROW,
     ),
 )
 async def ingest_embeddings(
@@ -325,7 +308,5 @@ async def ingest_embeddings(
         None, min_length=1, max_length=200, description="For rows that name none"
     ),
 ) -> IngestPublic:
-    body = await request.body()
-    return await run_in_threadpool(
-        _ingest_embeddings, services, request.headers.get("content-type"), body, model_version
-    )
+    media, body = await read_body(request, BodyLimits.from_settings(services.settings))
+    return await run_in_threadpool(_ingest_embeddings, services, media, body, model_version)

@@ -1,5 +1,8 @@
-"""Byte streaming with Range support: ``GET /v1/objects/{sha256}`` (latents and any
-other stored object) and the helper the artifact endpoint shares.
+"""Byte streaming with Range support: ``GET|HEAD /v1/objects/{sha256}`` (latents and
+any other stored object) and the helper the artifact endpoint shares.
+
+An object only eval rows reference is a 404 to a caller without the ``eval`` scope
+(:mod:`service.eval_objects`), for ``GET``, ``HEAD`` and ranges alike.
 
 Every response names the SHA-256 of the *whole* object in ``X-Vidlake-SHA256`` (and
 as a strong ``ETag``), so that a client reassembling ranges can verify what it got.
@@ -15,17 +18,18 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastapi import APIRouter, Header, Path
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from catalog.errors import NotFound
 from catalog.objects import ObjectStore
 from catalog.objects.refs import RefStore
-from service.deps import Reader, Svc
+from service.auth import Principal
+from service.deps import Reader, Services, Svc
 from service.errors import RangeNotSatisfiable
 from service.metrics import Metrics
 from service.schemas import ErrorResponse
 
-__all__ = ["BYTES_RESPONSES", "parse_range", "router", "stream_bytes"]
+__all__ = ["BYTES_RESPONSES", "HEAD_RESPONSES", "parse_range", "router", "stream_bytes"]
 
 router = APIRouter(prefix="/v1", tags=["objects"])
 
@@ -53,6 +57,14 @@ BYTES_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse},
     416: {"model": ErrorResponse},
     422: {"model": ErrorResponse},
+}
+
+
+#: HEAD: the headers of the GET, no body (errors included: a HEAD has no body).
+HEAD_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "The object exists; Content-Length is its size"},
+    206: {"description": "The requested byte range exists"},
+    **{code: {"description": "See the GET"} for code in (401, 403, 404, 416, 422)},
 }
 
 
@@ -94,8 +106,10 @@ def stream_bytes(
     metrics: Metrics,
     kind: str,
     name: str,
-) -> StreamingResponse:
-    """A (ranged) streaming response over object ``sha256`` of ``size`` bytes."""
+    head: bool = False,
+) -> Response:
+    """A (ranged) streaming response over object ``sha256`` of ``size`` bytes (its
+    headers only, for ``HEAD``)."""
     span = parse_range(range_header, size)
     start, stop = span if span is not None else (0, size)
     headers = {
@@ -107,6 +121,9 @@ def stream_bytes(
     }
     if span is not None:
         headers["Content-Range"] = f"bytes {start}-{stop - 1}/{size}"
+    status = 206 if span is not None else 200
+    if head:
+        return Response(status_code=status, headers=headers, media_type="application/octet-stream")
     served = metrics.served_bytes.labels(kind, name)
 
     def chunks() -> Iterator[bytes]:
@@ -121,29 +138,25 @@ def stream_bytes(
 
     return StreamingResponse(
         chunks(),
-        status_code=206 if span is not None else 200,
+        status_code=status,
         headers=headers,
         media_type="application/octet-stream",
     )
 
 
-@router.get(
-    "/objects/{sha256}",
-    response_class=StreamingResponse,
-    responses=BYTES_RESPONSES,
-    summary="Stream a stored object (latents), Range supported",
-)
-def get_object(
-    services: Svc,
-    principal: Reader,
-    sha256: str = Path(pattern=SHA256_PATTERN, description="SHA-256 of the object"),
-    range_header: str | None = Header(None, alias="Range"),
-) -> StreamingResponse:
+def _object(
+    services: Services, principal: Principal, sha256: str, range_header: str | None, head: bool
+) -> Response:
     # Adopted objects (TAR shards imported by reference) are served from where they live.
     store = RefStore(services.catalog.objects)
+    missing = NotFound(f"no object {sha256}", sha256=sha256)
+    # An eval-only object is absent to a caller without eval: a 404, not a 403, so
+    # that its existence is not disclosed either.
+    if not principal.sees_eval and services.eval_objects.hidden(sha256, services.pin()):
+        raise missing
     info = store.head(sha256)
     if info is None:
-        raise NotFound(f"no object {sha256}", sha256=sha256)
+        raise missing
     return stream_bytes(
         store,
         sha256,
@@ -152,4 +165,40 @@ def get_object(
         metrics=services.metrics,
         kind="object",
         name="object",
+        head=head,
     )
+
+
+_SHA = Path(pattern=SHA256_PATTERN, description="SHA-256 of the object")
+_RANGE_HEADER = Header(None, alias="Range")
+
+
+@router.get(
+    "/objects/{sha256}",
+    response_class=StreamingResponse,
+    responses=BYTES_RESPONSES,
+    summary="Stream a stored object (latents), Range supported; eval-only objects need "
+    "the eval scope",
+)
+def get_object(
+    services: Svc,
+    principal: Reader,
+    sha256: str = _SHA,
+    range_header: str | None = _RANGE_HEADER,
+) -> Response:
+    return _object(services, principal, sha256, range_header, head=False)
+
+
+@router.head(
+    "/objects/{sha256}",
+    response_class=Response,
+    responses=HEAD_RESPONSES,
+    summary="A stored object's size and SHA-256 headers, no body",
+)
+def head_object(
+    services: Svc,
+    principal: Reader,
+    sha256: str = _SHA,
+    range_header: str | None = _RANGE_HEADER,
+) -> Response:
+    return _object(services, principal, sha256, range_header, head=True)

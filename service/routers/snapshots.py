@@ -196,10 +196,11 @@ def get_artifact(
     version: VersionPath,
     name: str = Path(pattern=_ARTIFACT_NAME),
     range_header: str | None = Header(None, alias="Range"),
-) -> StreamingResponse:
+) -> Response:
     ref = services.reader.record(version).artifacts.get(name)
     if ref is None:
         raise NotFound(f"version {version} has no artifact {name!r}", version=version, name=name)
+    services.eval_versions.require(principal, services.pin(), version)
     return stream_bytes(
         services.registry.store,
         ref.sha256,
@@ -247,6 +248,7 @@ def diff_snapshots(
     b: VersionPath,
     max_clips: int = Query(1000, ge=0, le=1_000_000),
 ) -> DiffPublic:
+    services.eval_versions.require(principal, services.pin(), a, b)
     return DiffPublic.model_validate(services.registry.diff(a, b, max_clips=max_clips).model_dump())
 
 

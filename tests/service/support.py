@@ -36,7 +36,17 @@ with warnings.catch_warnings():
     # starlette warns at import that it prefers httpx2; the suite turns warnings into
     # errors, and the deprecation is starlette's, not ours.
     warnings.simplefilter("ignore")
-    from fastapi.testclient import TestClient
+    from fastapi.testclient import TestClient as _TestClient
+
+
+class TestClient(_TestClient):
+    """Starlette's test client, calling from a loopback address (an open service
+    refuses any other client; starlette's default client host is ``testclient``)."""
+
+    def __init__(self, app: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("client", ("127.0.0.1", 50000))
+        super().__init__(app, **kwargs)
+
 
 __all__ = [
     "STREAMS",

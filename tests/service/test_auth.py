@@ -126,10 +126,15 @@ def test_eval_rows_need_the_eval_scope_in_sql(authed: TestClient, world: World) 
 
 def test_eval_lineage_needs_the_eval_scope(authed: TestClient, world: World) -> None:
     clip = world.eval_clips[0]
+    # A 404 exactly like a clip that does not exist: existence is not disclosed.
     error = assert_error(
-        authed.get(f"/v1/lineage/clips/{clip}", headers=bearer("tok-read")), 403, "forbidden"
+        authed.get(f"/v1/lineage/clips/{clip}", headers=bearer("tok-read")), 404, "not_found"
     )
-    assert error["details"]["scope"] == "eval"
+    missing = assert_error(
+        authed.get("/v1/lineage/clips/" + "f" * 32, headers=bearer("tok-read")), 404
+    )
+    assert error["message"] == missing["message"].replace("f" * 32, clip)
+    assert set(error["details"]) == {"clip_id"}
     body = authed.get(f"/v1/lineage/clips/{clip}", headers=bearer("tok-eval")).json()
     assert body["clip"]["split"] == "eval" and body["snapshots"] == []
     train = world.train_clips[0]
@@ -220,3 +225,25 @@ def test_a_step_holding_eval_material_needs_the_eval_scope(
     for s in clean:
         r = authed.get(f"/v1/snapshots/{v}/steps/{s}", headers=bearer("tok-read"))
         assert r.status_code == 200
+
+
+def test_artifacts_and_diffs_of_a_version_holding_eval_need_the_eval_scope(
+    authed: TestClient, world: World, tmp_path: Path
+) -> None:
+    broken = publish_fake_cut(world, tmp_path / "tainted", seed=98, with_eval=True)
+    clean = world.versions[0]
+    v = broken.version
+    for name in ("index.arrow", "plan.arrow", "manifest.parquet", "snapshot.json"):
+        path = f"/v1/snapshots/{v}/artifacts/{name}"
+        error = assert_error(authed.get(path, headers=bearer("tok-read")), 403, "forbidden")
+        assert error["details"] == {"scope": "eval", "version": v}
+        assert authed.get(path, headers=bearer("tok-eval")).status_code == 200
+        ok = authed.get(f"/v1/snapshots/{clean}/artifacts/{name}", headers=bearer("tok-read"))
+        assert ok.status_code == 200, name
+    for a, b in ((clean, v), (v, clean)):
+        path = f"/v1/snapshots/{a}/diff/{b}"
+        assert_error(authed.get(path, headers=bearer("tok-read")), 403, "forbidden")
+        added = authed.get(path, headers=bearer("tok-eval")).json()
+        assert set(world.eval_clips) & set(added["clips_added"] + added["clips_removed"])
+    r = authed.get(f"/v1/snapshots/{clean}/diff/{world.versions[1]}", headers=bearer("tok-read"))
+    assert r.status_code == 200
