@@ -1,0 +1,218 @@
+"""A sandbox worker process: runs queries in locked-down DuckDB under hard limits.
+
+Started by :class:`service.sql.pool.WorkerPool` as ``python -m service.sql FD
+MEMORY_BYTES SCRATCH``. It works in ``SCRATCH`` (an empty directory that is also its
+home), warms DuckDB and pyarrow up, then caps its own address space at what it uses
+idle plus ``MEMORY_BYTES`` (``RLIMIT_AS``): a query can never make the process grow by
+more, whether DuckDB's buffer manager sees the allocation (a join, a sort) or not (a
+constant ``repeat('x', 10^9)``). An allocation past the cap fails inside the worker;
+the worker answers ``memory`` and exits, and the pool starts a fresh one.
+
+Protocol on the socket ``FD`` (``multiprocessing.connection`` framing): the pool sends
+one pickled :class:`Job`; the worker answers two frames, a JSON header and a body (the
+encoded rows, :mod:`service.sql.results`). The pool never unpickles anything a worker
+sends. A watchdog thread interrupts DuckDB at the job's deadline; encoding checks the
+same deadline; the pool kills the worker if no answer comes shortly after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import resource
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from catalog.errors import InvalidSQL, VidlakeError
+from service.sql.connection import sandbox_connection
+from service.sql.results import Encoded, encode_arrow, encode_json
+from service.sql.views import View
+
+__all__ = ["Job", "main"]
+
+#: Rows DuckDB hands over per Arrow batch.
+_BATCH_ROWS = 2048
+
+
+@dataclass(frozen=True)
+class Job:
+    """One query for a worker: ``sql`` over ``views`` (name -> :class:`View`)."""
+
+    sql: str
+    views: dict[str, View]
+    memory_limit: str
+    timeout_s: float
+    max_rows: int
+    max_bytes: int
+    output: str = "json"  # or "arrow"
+    threads: int = 1
+
+
+class _Watchdog:
+    """One long-lived thread (started before the address space is capped) that
+    interrupts the armed connection at its deadline, and ends the process when the
+    pool that started it is gone."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._deadline = 0.0
+        self.fired = False
+        self._parent = os.getppid()
+        threading.Thread(target=self._loop, name="sql-watchdog", daemon=True).start()
+
+    def arm(self, con: duckdb.DuckDBPyConnection, deadline: float) -> None:
+        with self._cond:
+            self._con, self._deadline, self.fired = con, deadline, False
+            self._cond.notify()
+
+    def disarm(self) -> None:
+        with self._cond:
+            self._con = None
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                wait = self._deadline - time.monotonic() if self._con is not None else 1.0
+                self._cond.wait(timeout=max(0.0, min(wait, 1.0)))
+                if self._con is not None and time.monotonic() >= self._deadline:
+                    self.fired = True
+                    self._con.interrupt()
+                    self._con = None
+            if os.getppid() != self._parent:
+                os._exit(3)  # the pool died: nobody will read an answer
+
+
+def _check(deadline: float, timeout_s: float) -> None:
+    if time.monotonic() >= deadline:
+        raise _timeout(timeout_s)
+
+
+def _timeout(timeout_s: float) -> InvalidSQL:
+    return InvalidSQL(
+        f"the query ran longer than {timeout_s:g} s and was stopped",
+        reason="timeout",
+        limit_s=timeout_s,
+    )
+
+
+def _memory(job: Job, detail: str) -> InvalidSQL:
+    return InvalidSQL(
+        f"the query needs more than {job.memory_limit} of memory: {detail}",
+        reason="memory",
+        limit=job.memory_limit,
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _execute(job: Job, watchdog: _Watchdog, scratch: str) -> tuple[Encoded, pa.Schema]:
+    deadline = time.monotonic() + job.timeout_s
+    con = sandbox_connection(job.memory_limit, job.threads, scratch)
+    try:
+        for name, view in sorted(job.views.items()):
+            con.register(name, view.dataset())
+        watchdog.arm(con, deadline)
+        try:
+            reader = con.sql(job.sql).to_arrow_reader(_BATCH_ROWS)
+            batches = _checked(reader, deadline, job.timeout_s)
+            if job.output == "arrow":
+                encoded = encode_arrow(batches, reader.schema, job.max_rows, job.max_bytes)
+            else:
+                encoded = encode_json(batches, job.max_rows, job.max_bytes)
+            _check(deadline, job.timeout_s)
+        finally:
+            watchdog.disarm()
+        return encoded, reader.schema
+    except duckdb.InterruptException:
+        raise _timeout(job.timeout_s) from None
+    except (duckdb.OutOfMemoryException, MemoryError, pa.ArrowMemoryError) as exc:
+        raise _memory(job, _first_line(exc)) from None
+    except duckdb.Error as exc:
+        if watchdog.fired:
+            raise _timeout(job.timeout_s) from None
+        raise InvalidSQL(f"the query failed: {_first_line(exc)}", reason="execution") from None
+    finally:
+        con.close()
+
+
+def _checked(reader: pa.RecordBatchReader, deadline: float, timeout_s: float) -> Any:
+    for batch in reader:
+        _check(deadline, timeout_s)
+        yield batch
+
+
+def _answer(job: Job, watchdog: _Watchdog, scratch: str) -> tuple[dict[str, Any], bytes]:
+    start = time.monotonic()
+    try:
+        encoded, schema = _execute(job, watchdog, scratch)
+    except VidlakeError as exc:
+        reason = exc.details.get("reason")
+        return {"ok": False, "error": exc.to_dict(), "recycle": reason == "memory"}, b""
+    return {
+        "ok": True,
+        "rows": encoded.rows,
+        "truncated": encoded.truncated,
+        "columns": [[f.name, str(f.type)] for f in schema],
+        "elapsed_s": time.monotonic() - start,
+    }, encoded.body
+
+
+def _warm_up(scratch: str) -> None:
+    """Touch everything a query touches, so the idle address space is measured
+    with the libraries' lazy state already in place."""
+    import pyarrow.dataset as ds
+
+    con = sandbox_connection("64MB", 1, scratch)
+    con.register("t", ds.dataset(pa.table({"x": [1, 2]})))
+    reader = con.sql("SELECT x, 'a' AS s FROM t").to_arrow_reader(_BATCH_ROWS)
+    encode_json(reader, 10, 1 << 20)
+    con.close()
+
+
+def _cap_address_space(extra_bytes: int) -> int:
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[0])
+    cap = pages * os.sysconf("SC_PAGE_SIZE") + extra_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    return cap
+
+
+def _serve(conn: Connection, watchdog: _Watchdog, scratch: str) -> None:
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        try:
+            job = pickle.loads(data)
+            header, body = _answer(job, watchdog, scratch)
+        except MemoryError:
+            header, body = {"ok": False, "error": None, "recycle": True}, b""
+        conn.send_bytes(json.dumps(header).encode())
+        conn.send_bytes(body)
+        if header.get("recycle"):
+            return
+
+
+def main(argv: list[str]) -> int:
+    fd, extra, scratch = int(argv[0]), int(argv[1]), argv[2]
+    os.chdir(scratch)
+    pa.set_cpu_count(1)
+    pa.set_io_thread_count(1)
+    conn = Connection(fd)
+    watchdog = _Watchdog()
+    _warm_up(scratch)
+    cap = _cap_address_space(extra)
+    conn.send_bytes(json.dumps({"ready": True, "pid": os.getpid(), "cap": cap}).encode())
+    _serve(conn, watchdog, scratch)
+    return 0
