@@ -176,10 +176,19 @@ def _cte_references(root: exp.Expr) -> set[int]:
             source = scope.sources.get(table.alias_or_name)
             if not isinstance(source, Scope) or not source.is_cte:
                 continue
-            cte = source.expression.parent
-            if isinstance(cte, exp.CTE) and str(cte.alias).lower() == str(table.name).lower():
+            cte = _defining_cte(source.expression)
+            if cte is not None and str(cte.alias).lower() == str(table.name).lower():
                 refs.add(id(table))
     return refs
+
+
+def _defining_cte(body: exp.Expr) -> exp.CTE | None:
+    """The CTE whose body is ``body`` (a recursive CTE's self-reference resolves to
+    the anchor branch of the body's UNION, hence the climb through set operations)."""
+    node = body
+    while isinstance(node.parent, exp.SetOperation):
+        node = node.parent
+    return node.parent if isinstance(node.parent, exp.CTE) else None
 
 
 def _check_table(node: exp.Table, allowed: set[str], ctes: set[int]) -> str | None:
