@@ -1,0 +1,258 @@
+"""The SQL sandbox's hard limits: time, memory (expression evaluation included),
+result rows and bytes, cancellation, and a responsive server while queries run away.
+
+Sizes are small: the caps are meant to stop each runaway query long before it costs
+anything, so the exact requests of the report run here with a 128 MB memory limit
+and a one-second deadline.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from service.app import create_app
+from service.sql import Sandbox
+from tests.service.support import TestClient, World, assert_error, serve
+
+LIMIT_MB, TIMEOUT_S = 128, 1.0
+RUNAWAY = [
+    "SELECT length(repeat('x', 1000000000))",
+    "SELECT list_sum(range(50000000))",
+    "SELECT list_sum(range(100000000))",
+    "SELECT count(*) FROM unnest(range(2000000000))",
+]
+#: A constant DuckDB evaluates in one uninterruptible call (~300 MB, ~1 s here).
+UNINTERRUPTIBLE = "SELECT length(repeat(repeat('a', 10000), 30000))"
+
+
+def _settings(world: World, **extra: Any) -> Any:
+    base = {
+        "sql_memory_limit": f"{LIMIT_MB}MB",
+        "sql_timeout_s": TIMEOUT_S,
+        "sql_workers": 2,
+        "sql_row_limit": 100_000,
+    }
+    return world.settings(**(base | extra))
+
+
+@pytest.fixture(scope="module")
+def limits_app(world: World) -> Any:
+    return create_app(_settings(world, sql_result_bytes=256 * 1024), catalog=world.catalog)
+
+
+@pytest.fixture(scope="module")
+def limits_client(limits_app: Any) -> Iterator[TestClient]:
+    with TestClient(limits_app) as c:
+        yield c
+
+
+def _sandbox(app: Any) -> Sandbox:
+    sandbox: Sandbox = app.state.services.sandbox
+    return sandbox
+
+
+class _PeakRss:
+    """Peak summed RSS (MB) of the pool's worker processes while in use."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox, self.peak, self._stop = sandbox, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            total = 0
+            for pid in self.sandbox.pool.pids():
+                try:
+                    with open(f"/proc/{pid}/statm") as f:
+                        total += int(f.read().split()[1]) * 4096
+                except OSError:
+                    pass
+            self.peak = max(self.peak, total / 2**20)
+            time.sleep(0.005)
+
+    def __enter__(self) -> _PeakRss:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.parametrize("query", RUNAWAY)
+def test_runaway_scalar_work_is_stopped(
+    limits_client: TestClient, limits_app: Any, query: str
+) -> None:
+    sandbox = _sandbox(limits_app)
+    sandbox.pool.warm(1)
+    limits_client.post("/v1/sql", json={"query": "SELECT 1"})
+    idle = sum(_rss_mb(p) for p in sandbox.pool.pids())
+    with _PeakRss(sandbox) as rss:
+        start = time.monotonic()
+        r = limits_client.post("/v1/sql", json={"query": query})
+        took = time.monotonic() - start
+    error = assert_error(r, 400, "invalid_sql")
+    assert error["details"]["reason"] in ("memory", "timeout"), error
+    assert took <= TIMEOUT_S + 1.0, took
+    workers = max(1, len(sandbox.pool.pids()))
+    assert rss.peak - idle <= LIMIT_MB + 256 + 64 * workers, (rss.peak, idle)
+    ok = limits_client.post("/v1/sql", json={"query": "SELECT 41 + 1 AS x"})
+    assert ok.status_code == 200 and ok.json()["rows"] == [[42]]
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * 4096 / 2**20
+    except OSError:
+        return 0.0
+
+
+def test_memory_cap_holds_for_a_constant_expression(limits_client: TestClient) -> None:
+    """400 MB of one string is over 128 MB + headroom: refused, not served."""
+    r = limits_client.post("/v1/sql", json={"query": "SELECT length(repeat('x', 400000000))"})
+    assert assert_error(r, 400, "invalid_sql")["details"]["reason"] == "memory"
+
+
+def test_uninterruptible_expression_meets_the_deadline(world: World) -> None:
+    """DuckDB cannot interrupt one long scalar call: the pool kills the worker."""
+    settings = _settings(world, sql_timeout_s=0.2, sql_memory_limit="512MB")
+    app = create_app(settings, catalog=world.catalog)
+    with TestClient(app) as client:
+        _sandbox(app).pool.warm(1)
+        client.post("/v1/sql", json={"query": "SELECT 1"})
+        start = time.monotonic()
+        r = client.post("/v1/sql", json={"query": UNINTERRUPTIBLE})
+        took = time.monotonic() - start
+        assert assert_error(r, 400, "invalid_sql")["details"]["reason"] == "timeout"
+        assert took <= 0.2 + 1.0, took
+        assert _sandbox(app).pool.stats["killed"] >= 1
+        assert client.post("/v1/sql", json={"query": "SELECT 1"}).status_code == 200
+
+
+def test_json_encoding_runs_inside_the_deadline(limits_client: TestClient) -> None:
+    """The reported 3,000-column constant select over 2,788 rows: stopped at the
+    deadline (or the byte cap), never encoded for half a minute by the server."""
+    columns = ", ".join(f"{i} AS c{i}" for i in range(3000))
+    query = f"SELECT {columns} FROM (SELECT unnest(range(2788)) AS r) t"
+    start = time.monotonic()
+    r = limits_client.post("/v1/sql", json={"query": query})
+    took = time.monotonic() - start
+    assert took <= TIMEOUT_S + 1.0, took
+    if r.status_code == 200:
+        body = r.json()
+        assert body["truncated"] and len(r.content) <= 256 * 1024 + 64 * 1024
+    else:
+        assert assert_error(r, 400, "invalid_sql")["details"]["reason"] == "timeout"
+
+
+def test_result_is_capped_in_bytes(limits_client: TestClient) -> None:
+    query = "SELECT i, repeat('x', 1000) AS pad FROM (SELECT unnest(range(10000)) AS i) t"
+    body = limits_client.post("/v1/sql", json={"query": query}).json()
+    assert body["truncated"] and 0 < body["row_count"] < 10000
+    assert [r[0] for r in body["rows"]] == list(range(body["row_count"]))
+    arrow = limits_client.post(
+        "/v1/sql", json={"query": query}, headers={"Accept": "application/vnd.apache.arrow.stream"}
+    )
+    assert arrow.headers["x-vidlake-truncated"] == "true"
+    assert len(arrow.content) <= 256 * 1024 + 16 * 1024
+    too_big = limits_client.post("/v1/sql", json={"query": "SELECT repeat('x', 300000) AS big"})
+    error = assert_error(too_big, 400, "invalid_sql")
+    assert error["details"]["reason"] == "result_too_large"
+
+
+def test_patch_predicate_has_the_same_limits(limits_client: TestClient, world: World) -> None:
+    before = limits_client.get("/v1/snapshots").json()["count"]
+    for where, reason in [
+        ("length(repeat('x', 1000000000)) > 0", "memory"),
+        ("list_sum(range(100000000)) > 0", "memory"),
+        ("length(repeat(repeat('a', 10000), 30000)) > \"row\"", None),
+    ]:
+        start = time.monotonic()
+        r = limits_client.post(
+            f"/v1/snapshots/{world.versions[0]}/patch", json={"reason": "spike", "where": where}
+        )
+        assert time.monotonic() - start <= TIMEOUT_S + 1.0
+        error = assert_error(r, 400, "invalid_sql")
+        assert error["details"]["reason"] in ((reason,) if reason else ("memory", "timeout"))
+    assert limits_client.get("/v1/snapshots").json()["count"] == before
+
+
+def _raw_post(url: str, body: bytes) -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)))
+    sock.sendall(
+        b"POST /v1/sql HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    return sock
+
+
+def test_a_dropped_client_cancels_its_query(world: World) -> None:
+    slow = (
+        b'{"query": "SELECT sum(a * b) FROM (SELECT unnest(range(200000)) AS a) x, '
+        b'(SELECT unnest(range(200000)) AS b) y"}'
+    )
+    app = create_app(_settings(world, sql_timeout_s=60.0), catalog=world.catalog)
+    with serve(app) as url:
+        pool = _sandbox(app).pool
+        pool.warm(1)
+        assert httpx.post(f"{url}/v1/sql", json={"query": "SELECT 1"}).status_code == 200
+        sock = _raw_post(url, slow)
+        deadline = time.monotonic() + 10
+        while not any(_rss_mb(p) for p in pool.pids()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the query is running in a worker now
+        sock.close()
+        deadline = time.monotonic() + 5
+        while pool.stats["cancelled"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pool.stats["cancelled"] == 1, pool.stats
+
+
+def test_health_stays_fast_while_queries_run_away(world: World) -> None:
+    spin = (
+        "SELECT sum(a * b) FROM (SELECT unnest(range(100000)) AS a) x, "
+        "(SELECT unnest(range(100000)) AS b) y"
+    )
+    app = create_app(_settings(world, sql_timeout_s=3.0), catalog=world.catalog)
+    with serve(app) as url:
+        _sandbox(app).pool.warm(2)
+        httpx.get(f"{url}/v1/health")
+        threads = [
+            threading.Thread(
+                target=httpx.post,
+                args=(f"{url}/v1/sql",),
+                kwargs={"json": {"query": q}, "timeout": 30},
+            )
+            for q in (spin, spin, RUNAWAY[1], _wide())
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        latencies = []
+        for _ in range(15):
+            start = time.monotonic()
+            assert httpx.get(f"{url}/v1/health", timeout=30).status_code == 200
+            latencies.append(time.monotonic() - start)
+            time.sleep(0.05)
+        for t in threads:
+            t.join()
+    assert statistics.median(latencies) < 0.5, latencies
+
+
+def _wide() -> str:
+    return (
+        "SELECT "
+        + ", ".join(f"{i} AS c{i}" for i in range(3000))
+        + " FROM (SELECT unnest(range(2788)) AS r) t"
+    )
