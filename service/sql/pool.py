@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from catalog.errors import InvalidSQL, VidlakeError
-from service.sql.worker import Job
+from service.sql.worker import BOOT, Job
 
 __all__ = ["SandboxBusy", "WorkerPool", "parse_bytes"]
 
@@ -38,7 +38,7 @@ GRACE_S = 0.5
 #: encoded result, Python objects of one chunk).
 HEADROOM_BYTES = 256 * 1024 * 1024
 _START_TIMEOUT_S = 120.0
-_WORKER_COMMAND = (sys.executable, "-m", "service.sql")
+_WORKER_COMMAND = (sys.executable, "-c", BOOT)
 _POLL_S = 0.05
 _UNITS = {
     "b": 1,
@@ -170,7 +170,7 @@ class WorkerPool:
                 died or ran out of memory), ``cancelled``, or the worker's own error.
             SandboxBusy: no worker came free within the job's timeout.
         """
-        worker = self._acquire(job.timeout_s, cancel)
+        worker = self._acquire(job, cancel)
         healthy = False
         try:
             header, body = self._exchange(worker, job, cancel)
@@ -212,8 +212,7 @@ class WorkerPool:
     def _alive(self) -> int:
         return len(self._all) + self._starting
 
-    def _acquire(self, wait_s: float, cancel: threading.Event | None) -> _Worker:
-        deadline = time.monotonic() + wait_s
+    def _acquire(self, job: Job, cancel: threading.Event | None) -> _Worker:
         with self._cond:
             while True:
                 if self._closed:
@@ -225,10 +224,11 @@ class WorkerPool:
                 if self._alive() < self.size:
                     self._starting += 1
                     break
-                left = deadline - time.monotonic()
+                left = job.deadline - time.monotonic()
                 if left <= 0:
                     raise SandboxBusy(
-                        f"all {self.size} SQL workers stayed busy for {wait_s:g} s; retry later",
+                        f"all {self.size} SQL workers stayed busy past the query's "
+                        f"{job.timeout_s:g} s deadline; retry later",
                         workers=self.size,
                     )
                 self._cond.wait(min(left, _POLL_S * 4))
@@ -286,7 +286,7 @@ class WorkerPool:
     def _wait(self, worker: _Worker, job: Job, cancel: threading.Event | None) -> None:
         """Return once an answer is ready; kill the worker past the deadline or on
         cancel (raising), or when it dies (the next read raises EOFError)."""
-        deadline = time.monotonic() + job.timeout_s + GRACE_S
+        deadline = job.deadline + GRACE_S
         while not worker.conn.poll(_POLL_S):
             if cancel is not None and cancel.is_set():
                 self._kill(worker, "cancelled")

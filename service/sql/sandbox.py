@@ -1,16 +1,20 @@
-"""The SQL sandbox: validate a caller's query, then run it in a worker process.
+"""The SQL sandbox: run a caller's query in a worker process under hard limits.
 
 :meth:`Sandbox.run` is the one way the service runs SQL text from a caller (the SQL
-endpoint, patch predicates). It validates the text (:mod:`service.sql.validate`),
-builds only the views the query reads, and hands query, views and limits to the
-worker pool (:mod:`service.sql.pool`). The answer comes back already encoded (JSON
-rows or an Arrow IPC stream) and capped in rows and bytes.
+endpoint, patch predicates). It builds the views whose names the text mentions and
+hands query, views and limits to the worker pool (:mod:`service.sql.pool`). The
+worker validates the text (:mod:`service.sql.validate`) before DuckDB sees it and
+registers only the views the validated query reads, so validation runs inside the
+deadline and on the worker's CPU, never holding the server's interpreter. The answer
+comes back already encoded (JSON rows or an Arrow IPC stream) and capped in rows and
+bytes.
 
 Limits, each enforced where it cannot be bypassed:
 
-* **time**: the worker interrupts DuckDB at the deadline and stops encoding past it;
-  the pool kills the worker if no answer arrives :data:`~service.sql.pool.GRACE_S`
-  later (a constant expression DuckDB cannot interrupt).
+* **time**: one deadline, ``timeout_s`` after the call, covers validation, waiting
+  for a worker, execution and encoding; the worker interrupts DuckDB at the deadline
+  and stops encoding past it; the pool kills the worker if no answer arrives
+  :data:`~service.sql.pool.GRACE_S` later (a constant DuckDB cannot interrupt).
 * **memory**: DuckDB's ``memory_limit`` for operators, and the worker's address-space
   cap (limit + headroom) for everything else, expression evaluation included.
 * **result size**: at most ``row_limit`` rows and ``max_bytes`` bytes, ``truncated``
@@ -21,6 +25,7 @@ Limits, each enforced where it cannot be bypassed:
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -28,7 +33,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from service.sql.pool import WorkerPool
-from service.sql.validate import validate_query
+from service.sql.validate import check_text, mentioned
 from service.sql.views import Source, View
 from service.sql.worker import Job
 
@@ -129,16 +134,22 @@ class Sandbox:
             InvalidSQL: the query breaks a rule, fails in DuckDB, runs out of time or
                 memory, or its first row alone is too large (``reason``: ``timeout``,
                 ``memory``, ``execution``, ``result_too_large``, ``cancelled``…).
-            SandboxBusy: every worker stayed busy for ``timeout_s``.
+            SandboxBusy: every worker stayed busy until the deadline.
         """
-        used = validate_query(sql, frozenset(sources))
+        deadline = time.monotonic() + self.timeout_s  # validation and waiting count too
+        check_text(sql)
+        # The worker validates (its CPU, inside the deadline); the server only builds
+        # the views whose names the text mentions.
+        used = mentioned(sql, sources)
         most = self.row_limit if row_cap is None else row_cap
         cap = most if limit is None else max(1, min(limit, most))
         job = Job(
             sql=sql,
+            allowed=frozenset(sources),
             views={name: _as_view(sources[name]()) for name in sorted(used)},
             memory_limit=self.memory_limit,
             timeout_s=self.timeout_s,
+            deadline=deadline,
             max_rows=cap,
             max_bytes=self.max_bytes if max_bytes is None else max_bytes,
             output=output,

@@ -19,6 +19,9 @@ when this one has a bug.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
+
 import sqlglot
 from sqlglot import exp
 from sqlglot.optimizer.scope import Scope, traverse_scope
@@ -29,6 +32,8 @@ __all__ = [
     "DENIED_FUNCTIONS",
     "DENIED_PREFIXES",
     "MAX_QUERY_CHARS",
+    "check_text",
+    "mentioned",
     "validate_predicate",
     "validate_query",
 ]
@@ -138,7 +143,9 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def _parse(sql: str, what: str) -> list[exp.Expr | None]:
+def check_text(sql: str, what: str = "query") -> None:
+    """The checks that need no parse: ``sql`` is a non-blank string of at most
+    :data:`MAX_QUERY_CHARS` characters."""
     if not isinstance(sql, str) or not sql.strip():
         raise InvalidSQL(f"the {what} is empty", reason="empty")
     if len(sql) > MAX_QUERY_CHARS:
@@ -147,6 +154,16 @@ def _parse(sql: str, what: str) -> list[exp.Expr | None]:
             reason="too_long",
             limit=MAX_QUERY_CHARS,
         )
+
+
+def mentioned(sql: str, names: Iterable[str]) -> set[str]:
+    """Which of ``names`` occur in ``sql`` as a whole word, in any case: a cheap
+    superset of the views a query can read (:func:`validate_query` decides)."""
+    return {n for n in names if re.search(rf"(?<![\w$]){re.escape(n)}(?![\w$])", sql, re.I)}
+
+
+def _parse(sql: str, what: str) -> list[exp.Expr | None]:
+    check_text(sql, what)
     try:
         return list(sqlglot.parse(sql, read="duckdb"))
     except sqlglot.errors.SqlglotError as exc:

@@ -1,18 +1,21 @@
 """A sandbox worker process: runs queries in locked-down DuckDB under hard limits.
 
-Started by :class:`service.sql.pool.WorkerPool` as ``python -m service.sql FD
-MEMORY_BYTES SCRATCH``. It works in ``SCRATCH`` (an empty directory that is also its
-home), warms DuckDB and pyarrow up, then caps its own address space at what it uses
-idle plus ``MEMORY_BYTES`` (``RLIMIT_AS``): a query can never make the process grow by
-more, whether DuckDB's buffer manager sees the allocation (a join, a sort) or not (a
-constant ``repeat('x', 10^9)``). An allocation past the cap fails inside the worker;
-the worker answers ``memory`` and exits, and the pool starts a fresh one.
+Started by :class:`service.sql.pool.WorkerPool` as ``python -c BOOT FD MEMORY_BYTES
+SCRATCH`` (:data:`BOOT` lowers the CPU priority before anything is imported). It
+works in ``SCRATCH`` (an empty directory that is also its home), warms DuckDB and
+pyarrow up, then caps its own address space at what it uses idle plus
+``MEMORY_BYTES`` (``RLIMIT_AS``): a query can never make the process grow by more,
+whether DuckDB's buffer manager sees the allocation (a join, a sort) or not (a
+constant ``repeat('x', 10^9)``). An allocation past the cap fails inside the worker,
+which answers ``memory`` (and exits when Python or Arrow rather than DuckDB ran out;
+the pool starts a fresh one).
 
 Protocol on the socket ``FD`` (``multiprocessing.connection`` framing): the pool sends
-one pickled :class:`Job`; the worker answers two frames, a JSON header and a body (the
-encoded rows, :mod:`service.sql.results`). The pool never unpickles anything a worker
-sends. A watchdog thread interrupts DuckDB at the job's deadline; encoding checks the
-same deadline; the pool kills the worker if no answer comes shortly after it.
+one pickled :class:`Job`; the worker validates its SQL (the first wall), runs it, and
+answers two frames, a JSON header and a body (the encoded rows,
+:mod:`service.sql.results`). The pool never unpickles anything a worker sends. A
+watchdog thread interrupts DuckDB at the job's deadline; encoding checks the same
+deadline; the pool kills the worker if no answer comes shortly after it.
 """
 
 from __future__ import annotations
@@ -33,26 +36,42 @@ import pyarrow as pa
 from catalog.errors import InvalidSQL, VidlakeError
 from service.sql.connection import sandbox_connection
 from service.sql.results import Encoded, encode_arrow, encode_json
+from service.sql.validate import validate_query
 from service.sql.views import View
 
-__all__ = ["Job", "main"]
+__all__ = ["BOOT", "NICE", "Job", "main"]
 
+#: Workers yield the CPU to the server (runaway queries must not slow /v1/health);
+#: set first thing, before the imports.
+NICE = 10
+#: The worker's ``python -c`` program: lower the priority, then import.
+BOOT = (
+    f"import os, sys; os.nice({NICE}); from service.sql.worker import main; "
+    "sys.exit(main(sys.argv[1:]))"
+)
 #: Rows DuckDB hands over per Arrow batch.
 _BATCH_ROWS = 2048
 
 
 @dataclass(frozen=True)
 class Job:
-    """One query for a worker: ``sql`` over ``views`` (name -> :class:`View`)."""
+    """One query for a worker: ``sql``, validated against the view names ``allowed``,
+    over ``views`` (name -> :class:`View`, at least every allowed name the text
+    mentions), to be answered by ``deadline`` (``time.monotonic()``, one clock for every process of
+    the machine); ``timeout_s`` is the configured limit that the deadline came from."""
 
     sql: str
+    allowed: frozenset[str]
     views: dict[str, View]
     memory_limit: str
     timeout_s: float
+    deadline: float
     max_rows: int
     max_bytes: int
     output: str = "json"  # or "arrow"
     threads: int = 1
+    #: False only in tests of the second wall (every view registered, no first wall).
+    validate: bool = True
 
 
 class _Watchdog:
@@ -103,8 +122,13 @@ def _timeout(timeout_s: float) -> InvalidSQL:
     )
 
 
-def _memory(job: Job, detail: str) -> InvalidSQL:
-    return InvalidSQL(
+class _Recycle(InvalidSQL):
+    """An error after which the worker exits (the pool starts a fresh one)."""
+
+
+def _memory(job: Job, detail: str, *, recycle: bool = False) -> InvalidSQL:
+    kind = _Recycle if recycle else InvalidSQL
+    return kind(
         f"the query needs more than {job.memory_limit} of memory: {detail}",
         reason="memory",
         limit=job.memory_limit,
@@ -116,11 +140,12 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _execute(job: Job, watchdog: _Watchdog, scratch: str) -> tuple[Encoded, pa.Schema]:
-    deadline = time.monotonic() + job.timeout_s
+    deadline = job.deadline
+    used = _validated(job)
     con = sandbox_connection(job.memory_limit, job.threads, scratch)
     try:
-        for name, view in sorted(job.views.items()):
-            con.register(name, view.dataset())
+        for name in sorted(used):
+            con.register(name, job.views[name].dataset())
         watchdog.arm(con, deadline)
         try:
             reader = con.sql(job.sql).to_arrow_reader(_BATCH_ROWS)
@@ -135,14 +160,34 @@ def _execute(job: Job, watchdog: _Watchdog, scratch: str) -> tuple[Encoded, pa.S
         return encoded, reader.schema
     except duckdb.InterruptException:
         raise _timeout(job.timeout_s) from None
-    except (duckdb.OutOfMemoryException, MemoryError, pa.ArrowMemoryError) as exc:
+    except duckdb.OutOfMemoryException as exc:
         raise _memory(job, _first_line(exc)) from None
+    except (MemoryError, pa.ArrowMemoryError) as exc:
+        # Python or Arrow ran out mid-way: this process may be in a bad state.
+        raise _memory(job, _first_line(exc), recycle=True) from None
     except duckdb.Error as exc:
         if watchdog.fired:
             raise _timeout(job.timeout_s) from None
         raise InvalidSQL(f"the query failed: {_first_line(exc)}", reason="execution") from None
     finally:
         con.close()
+
+
+def _validated(job: Job) -> set[str]:
+    """The first wall, here so that its cost counts against the deadline and its
+    CPU is this process's, not the server's."""
+    if not job.validate:
+        return set(job.views)
+    used = validate_query(job.sql, job.allowed)
+    missing = used - set(job.views)
+    if missing:
+        raise InvalidSQL(
+            f"the query reads {', '.join(sorted(missing))} in a way the service cannot offer",
+            reason="table",
+            name=sorted(missing)[0],
+        )
+    _check(job.deadline, job.timeout_s)
+    return used
 
 
 def _checked(reader: pa.RecordBatchReader, deadline: float, timeout_s: float) -> Any:
@@ -156,8 +201,7 @@ def _answer(job: Job, watchdog: _Watchdog, scratch: str) -> tuple[dict[str, Any]
     try:
         encoded, schema = _execute(job, watchdog, scratch)
     except VidlakeError as exc:
-        reason = exc.details.get("reason")
-        return {"ok": False, "error": exc.to_dict(), "recycle": reason == "memory"}, b""
+        return {"ok": False, "error": exc.to_dict(), "recycle": isinstance(exc, _Recycle)}, b""
     return {
         "ok": True,
         "rows": encoded.rows,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -112,11 +113,14 @@ def _straight(pool: WorkerPool, sql: str) -> str:
     """Run ``sql`` in a worker without the validator; the answer text or the error."""
     job = Job(
         sql=sql,
+        allowed=frozenset(),
         views={"clips": View(pa.table({"clip_id": ["c1"], "split": ["train"]}))},
         memory_limit="256MB",
         timeout_s=10.0,
+        deadline=time.monotonic() + 10.0,
         max_rows=10_000,
         max_bytes=1 << 22,
+        validate=False,
     )
     try:
         header, body = pool.run(job)
