@@ -13,7 +13,7 @@ import decimal
 import json
 import math
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +23,11 @@ from catalog.errors import InvalidSQL
 
 __all__ = ["Encoded", "encode_arrow", "encode_json", "to_json_rows"]
 
-#: Rows converted to Python objects at a time when encoding JSON.
-_JSON_CHUNK = 256
+Check = Callable[[], None] | None
+
+#: Values (rows x columns) converted at a time: the deadline is checked between
+#: chunks, so a chunk must take milliseconds even for a very wide result.
+_CHUNK_VALUES = 32_768
 
 
 def _jsonable(value: Any) -> Any:
@@ -73,18 +76,24 @@ def _too_large(max_bytes: int) -> InvalidSQL:
     )
 
 
-def _slices(batches: Iterable[pa.RecordBatch], size: int) -> Iterator[pa.RecordBatch]:
+def _slices(batches: Iterable[pa.RecordBatch], check: Check) -> Iterator[pa.RecordBatch]:
     for batch in batches:
+        size = max(1, _CHUNK_VALUES // max(1, batch.num_columns))
         for start in range(0, batch.num_rows, size):
+            if check is not None:
+                check()
             yield batch.slice(start, size)
 
 
-def encode_json(batches: Iterable[pa.RecordBatch], max_rows: int, max_bytes: int) -> Encoded:
+def encode_json(
+    batches: Iterable[pa.RecordBatch], max_rows: int, max_bytes: int, check: Check = None
+) -> Encoded:
     """A JSON array of row arrays; raises ``result_too_large`` when not even one row
-    fits in ``max_bytes``."""
+    fits in ``max_bytes``. ``check`` is called before every chunk of a few thousand
+    values (the caller's deadline: it raises to stop)."""
     parts: list[bytes] = [b"["]
     size, rows = 2, 0
-    for chunk in _slices(batches, _JSON_CHUNK):
+    for chunk in _slices(batches, check):
         for row in to_json_rows(chunk):
             if rows == max_rows:
                 return Encoded(b"".join([*parts, b"]"]), rows, True)
@@ -100,13 +109,17 @@ def encode_json(batches: Iterable[pa.RecordBatch], max_rows: int, max_bytes: int
 
 
 def encode_arrow(
-    batches: Iterable[pa.RecordBatch], schema: pa.Schema, max_rows: int, max_bytes: int
+    batches: Iterable[pa.RecordBatch],
+    schema: pa.Schema,
+    max_rows: int,
+    max_bytes: int,
+    check: Check = None,
 ) -> Encoded:
     """An Arrow IPC stream; the row and byte caps as :func:`encode_json`."""
     sink = pa.BufferOutputStream()
     rows, truncated = 0, False
     with pa.ipc.new_stream(sink, schema) as writer:
-        for chunk in _slices(batches, _JSON_CHUNK):
+        for chunk in _slices(batches, check):
             take = chunk.slice(0, max_rows - rows)
             if take.num_rows < chunk.num_rows:
                 truncated = True

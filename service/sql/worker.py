@@ -3,7 +3,7 @@
 Started by :class:`service.sql.pool.WorkerPool` as ``python -c BOOT FD MEMORY_BYTES
 SCRATCH`` (:data:`BOOT` lowers the CPU priority before anything is imported). It
 works in ``SCRATCH`` (an empty directory that is also its home), warms DuckDB and
-pyarrow up, then caps its own address space at what it uses idle plus
+pyarrow up, and before every query caps its own address space at its size then plus
 ``MEMORY_BYTES`` (``RLIMIT_AS``): a query can never make the process grow by more,
 whether DuckDB's buffer manager sees the allocation (a join, a sort) or not (a
 constant ``repeat('x', 10^9)``). An allocation past the cap fails inside the worker,
@@ -20,6 +20,7 @@ deadline; the pool kills the worker if no answer comes shortly after it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -139,21 +140,26 @@ def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def _execute(job: Job, watchdog: _Watchdog, scratch: str) -> tuple[Encoded, pa.Schema]:
+def _execute(
+    job: Job, watchdog: _Watchdog, space: _AddressSpace, scratch: str
+) -> tuple[Encoded, pa.Schema]:
     deadline = job.deadline
     used = _validated(job)
     con = sandbox_connection(job.memory_limit, job.threads, scratch)
     try:
         for name in sorted(used):
             con.register(name, job.views[name].dataset())
+        space.rebase()
         watchdog.arm(con, deadline)
         try:
             reader = con.sql(job.sql).to_arrow_reader(_BATCH_ROWS)
             batches = _checked(reader, deadline, job.timeout_s)
+            check = functools.partial(_check, deadline, job.timeout_s)
             if job.output == "arrow":
-                encoded = encode_arrow(batches, reader.schema, job.max_rows, job.max_bytes)
+                schema = reader.schema
+                encoded = encode_arrow(batches, schema, job.max_rows, job.max_bytes, check)
             else:
-                encoded = encode_json(batches, job.max_rows, job.max_bytes)
+                encoded = encode_json(batches, job.max_rows, job.max_bytes, check)
             _check(deadline, job.timeout_s)
         finally:
             watchdog.disarm()
@@ -196,10 +202,12 @@ def _checked(reader: pa.RecordBatchReader, deadline: float, timeout_s: float) ->
         yield batch
 
 
-def _answer(job: Job, watchdog: _Watchdog, scratch: str) -> tuple[dict[str, Any], bytes]:
+def _answer(
+    job: Job, watchdog: _Watchdog, space: _AddressSpace, scratch: str
+) -> tuple[dict[str, Any], bytes]:
     start = time.monotonic()
     try:
-        encoded, schema = _execute(job, watchdog, scratch)
+        encoded, schema = _execute(job, watchdog, space, scratch)
     except VidlakeError as exc:
         return {"ok": False, "error": exc.to_dict(), "recycle": isinstance(exc, _Recycle)}, b""
     return {
@@ -223,15 +231,38 @@ def _warm_up(scratch: str) -> None:
     con.close()
 
 
-def _cap_address_space(extra_bytes: int) -> int:
+class _AddressSpace:
+    """The worker's memory cap: ``RLIMIT_AS`` at the current size plus ``extra``.
+
+    :meth:`rebase` sets it right before a query runs (after its views are built, so a
+    file system client's one-time set-up counts as the base, not against the query).
+    Only this code can move the limit: SQL has no way to call ``setrlimit``. A worker
+    that stays much larger than it started after a query exits instead
+    (:meth:`bloated`), so that re-basing cannot let it creep.
+    """
+
+    def __init__(self, extra: int) -> None:
+        self.extra = extra
+        self.start_rss = _statm()[1]
+
+    def rebase(self) -> int:
+        cap = _statm()[0] + self.extra
+        resource.setrlimit(resource.RLIMIT_AS, (cap, resource.RLIM_INFINITY))
+        return cap
+
+    def bloated(self) -> bool:
+        return _statm()[1] > self.start_rss + self.extra // 2
+
+
+def _statm() -> tuple[int, int]:
+    """(virtual size, resident size) of this process in bytes."""
     with open("/proc/self/statm") as f:
-        pages = int(f.read().split()[0])
-    cap = pages * os.sysconf("SC_PAGE_SIZE") + extra_bytes
-    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-    return cap
+        size, resident = f.read().split()[:2]
+    page = os.sysconf("SC_PAGE_SIZE")
+    return int(size) * page, int(resident) * page
 
 
-def _serve(conn: Connection, watchdog: _Watchdog, scratch: str) -> None:
+def _serve(conn: Connection, watchdog: _Watchdog, space: _AddressSpace, scratch: str) -> None:
     while True:
         try:
             data = conn.recv_bytes()
@@ -239,12 +270,13 @@ def _serve(conn: Connection, watchdog: _Watchdog, scratch: str) -> None:
             return
         try:
             job = pickle.loads(data)
-            header, body = _answer(job, watchdog, scratch)
+            header, body = _answer(job, watchdog, space, scratch)
         except MemoryError:
             header, body = {"ok": False, "error": None, "recycle": True}, b""
+        header["recycle"] = header.get("recycle") or space.bloated()
         conn.send_bytes(json.dumps(header).encode())
         conn.send_bytes(body)
-        if header.get("recycle"):
+        if header["recycle"]:
             return
 
 
@@ -256,7 +288,8 @@ def main(argv: list[str]) -> int:
     conn = Connection(fd)
     watchdog = _Watchdog()
     _warm_up(scratch)
-    cap = _cap_address_space(extra)
+    space = _AddressSpace(extra)
+    cap = space.rebase()
     conn.send_bytes(json.dumps({"ready": True, "pid": os.getpid(), "cap": cap}).encode())
-    _serve(conn, watchdog, scratch)
+    _serve(conn, watchdog, space, scratch)
     return 0
