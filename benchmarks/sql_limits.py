@@ -15,7 +15,8 @@ In-run baseline: ``GET /v1/health`` p99 of the idle server. Output keys:
 ``queries`` (per query: status, reason, ``answer_s``, ``rss_growth_mb``),
 ``max_rss_over_limit_mb`` (the worst RSS growth minus the memory limit; ≤ 256 is the
 goal), ``max_overrun_s`` (the worst answer time minus the deadline; ≤ 1 is the goal),
-``health_p99_ms`` under load (< 200 is the goal), ``health_idle_p99_ms``.
+``health_p99_ms`` under load (< 200 is the goal), ``health_idle_p99_ms``, and
+``loadavg_1m`` (before, after: the box's load, for reading the latencies).
 
     python benchmarks/sql_limits.py
     python benchmarks/sql_limits.py --memory-limit 1GB --deadline 10   # the defaults
@@ -206,6 +207,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--load-s", type=float, default=8.0)
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="vidlake-sql-bench-") as tmp:
         proc, url = start_server(Path(tmp), args.memory_limit, args.deadline, args.workers)
         try:
@@ -232,6 +234,7 @@ def main() -> None:
                 "health_p99_ms": round(health, 2),
                 "health_idle_p99_ms": round(_p99(idle), 2),
                 "health_samples": len(loaded),
+                "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                 "runaway_answers_under_load": answered,
                 "goal_rss_le_limit_plus_256mb": over <= 256,
                 "goal_answer_le_deadline_plus_1s": overrun <= 1.0,

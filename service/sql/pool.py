@@ -116,11 +116,20 @@ class _Worker:
     def pid(self) -> int:
         return int(self.proc.pid)
 
-    def kill(self) -> None:
+    def kill(self, *, wait: bool = True) -> None:
+        """SIGKILL the process; reap it and remove its scratch directory now, or
+        (``wait=False``) in a background thread, so that tearing down a large
+        process does not delay the answer."""
         with contextlib.suppress(OSError):
             self.proc.kill()
+        if wait:
+            self._reap()
+        else:
+            threading.Thread(target=self._reap, name="sql-reaper", daemon=True).start()
+
+    def _reap(self) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=30)
         self.conn.close()
         shutil.rmtree(self.scratch, ignore_errors=True)
 
@@ -266,7 +275,7 @@ class WorkerPool:
                 return
             if worker in self._all:
                 self._all.remove(worker)
-        worker.kill()
+        worker.kill(wait=False)
         if not self._closed:
             self.warm(1)
 
@@ -306,7 +315,7 @@ class WorkerPool:
         with self._cond:
             if worker in self._all:
                 self._all.remove(worker)
-        worker.kill()
+        worker.kill(wait=False)
 
 
 def _cancelled() -> InvalidSQL:

@@ -171,7 +171,9 @@ def _execute(
     except (MemoryError, pa.ArrowMemoryError) as exc:
         # Python or Arrow ran out mid-way: this process may be in a bad state.
         raise _memory(job, _first_line(exc), recycle=True) from None
-    except duckdb.Error as exc:
+    except (duckdb.Error, pa.ArrowException, OSError) as exc:
+        # An interrupt that lands while Arrow batches stream surfaces as an Arrow
+        # error ("INTERRUPT Error"), not as duckdb.InterruptException.
         if watchdog.fired:
             raise _timeout(job.timeout_s) from None
         raise InvalidSQL(f"the query failed: {_first_line(exc)}", reason="execution") from None
@@ -273,6 +275,9 @@ def _serve(conn: Connection, watchdog: _Watchdog, space: _AddressSpace, scratch:
             header, body = _answer(job, watchdog, space, scratch)
         except MemoryError:
             header, body = {"ok": False, "error": None, "recycle": True}, b""
+        except Exception as exc:  # a bug here must not look like a memory failure
+            error = InvalidSQL(f"the sandbox failed: {_first_line(exc)}", reason="internal")
+            header, body = {"ok": False, "error": error.to_dict(), "recycle": True}, b""
         header["recycle"] = header.get("recycle") or space.bloated()
         conn.send_bytes(json.dumps(header).encode())
         conn.send_bytes(body)

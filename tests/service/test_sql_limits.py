@@ -263,3 +263,18 @@ def _wide() -> str:
         + ", ".join(f"{i} AS c{i}" for i in range(3000))
         + " FROM (SELECT unnest(range(2788)) AS r) t"
     )
+
+
+def test_interrupt_while_batches_stream_is_a_timeout(
+    limits_client: TestClient, limits_app: Any
+) -> None:
+    """A query that has started streaming batches when the deadline hits: DuckDB's
+    interrupt surfaces through the Arrow reader, and must read as a timeout."""
+    query = (
+        "SELECT a, b FROM (SELECT unnest(range(60000)) AS a) x, "
+        "(SELECT unnest(range(60000)) AS b) y WHERE (a * b) % 50000 = 0"
+    )
+    recycled = _sandbox(limits_app).pool.stats["recycled"]
+    r = limits_client.post("/v1/sql", json={"query": query})
+    assert assert_error(r, 400, "invalid_sql")["details"]["reason"] == "timeout"
+    assert _sandbox(limits_app).pool.stats["recycled"] == recycled  # the worker lives on
