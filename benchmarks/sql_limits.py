@@ -11,11 +11,14 @@ minute on two cores; both are in the JSON), then:
 * keeps 4 runaway queries in flight for ``--load-s`` seconds while polling
   ``GET /v1/health`` at 20 Hz.
 
-In-run baseline: ``GET /v1/health`` p99 of the idle server. Output keys:
+In-run baselines: ``GET /v1/health`` p99 of the idle server, and while 4 plain CPU
+burners run at the workers' nice level for ``--load-s`` seconds (the floor on a
+shared box: what any 4 busy processes cost the server). Output keys:
 ``queries`` (per query: status, reason, ``answer_s``, ``rss_growth_mb``),
 ``max_rss_over_limit_mb`` (the worst RSS growth minus the memory limit; ≤ 256 is the
 goal), ``max_overrun_s`` (the worst answer time minus the deadline; ≤ 1 is the goal),
-``health_p99_ms`` under load (< 200 is the goal), ``health_idle_p99_ms``, and
+``health_p99_ms`` under load (< 200 is the goal), ``health_idle_p99_ms``,
+``health_cpu_floor_p99_ms``, and
 ``loadavg_1m`` (before, after: the box's load, for reading the latencies).
 
     python benchmarks/sql_limits.py
@@ -200,6 +203,22 @@ def under_load(url: str, seconds: float) -> tuple[list[float], int]:
     return latencies, answered[0]
 
 
+def under_burners(url: str, seconds: float, count: int) -> list[float]:
+    """Health latencies while ``count`` plain CPU burners run at the workers' nice
+    level: the floor that runaway queries are compared with on a shared box."""
+    from service.sql.worker import NICE
+
+    burn = f"import os\nos.nice({NICE})\nwhile True:\n    pass\n"
+    procs = [subprocess.Popen([sys.executable, "-c", burn]) for _ in range(count)]
+    try:
+        time.sleep(0.5)
+        return health_latencies(url, seconds)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--memory-limit", default="512MB")
@@ -214,6 +233,7 @@ def main() -> None:
             idle = health_latencies(url, 2.0)
             queries = {name: one_query(url, proc.pid, sql) for name, sql in RUNAWAY.items()}
             loaded, answered = under_load(url, args.load_s)
+            floor = under_burners(url, args.load_s, 4)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
@@ -233,6 +253,7 @@ def main() -> None:
                 "max_overrun_s": round(overrun, 3),
                 "health_p99_ms": round(health, 2),
                 "health_idle_p99_ms": round(_p99(idle), 2),
+                "health_cpu_floor_p99_ms": round(_p99(floor), 2),
                 "health_samples": len(loaded),
                 "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                 "runaway_answers_under_load": answered,
