@@ -101,7 +101,7 @@ def _sources(services: Services, pin: Any, include_eval: bool) -> dict[str, Sour
         if include_eval or "clip_id" not in data.schema.names:
             return View(data)
         # A training cut never holds eval clips; this keeps any other registry honest.
-        return View(data, views.eval_filter("latents", pin))
+        return View(data, views.clip_filter(pin))
 
     sources["manifests"] = manifests
     sources["plans"] = lambda: reader.version_dataset("plan.arrow", "ipc", reader.versions())

@@ -166,12 +166,16 @@ class CatalogViews:
             # ``split`` is decided per asset at ingest and copied to its clips.
             return pc.field("split") == "train"
         if table in _CLIP_KEYED:
-            return _not_in("clip_id", self.eval_clip_ids(pin))
+            return self.clip_filter(pin)
         if table in _ASSET_KEYED:
             return _not_in("asset_id", self.eval_asset_ids(pin))
         if table == "jobs":
             return None
         raise NotFound(f"no catalog view {table!r}", table=table)
+
+    def clip_filter(self, pin: Mapping[str, int | None]) -> pc.Expression:
+        """Keeps the rows of any table with a ``clip_id`` whose clip is not eval."""
+        return _not_in("clip_id", self.eval_clip_ids(pin))
 
     # -- eval id sets -----------------------------------------------------------------
     def eval_clip_ids(self, pin: Mapping[str, int | None]) -> pa.Array:

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from catalog.catalog import TABLE_NAMES
+from catalog.tables import TABLE_NAMES
 from service.app import create_app
 from tests.service.support import TestClient, World, bearer, build_world, write_tokens
 

@@ -278,3 +278,25 @@ def test_interrupt_while_batches_stream_is_a_timeout(
     r = limits_client.post("/v1/sql", json={"query": query})
     assert assert_error(r, 400, "invalid_sql")["details"]["reason"] == "timeout"
     assert _sandbox(limits_app).pool.stats["recycled"] == recycled  # the worker lives on
+
+
+def test_a_full_pool_answers_503_by_the_deadline(world: World) -> None:
+    """One worker, held by a query that runs to its kill (deadline + grace): a second
+    query waits for a worker only until its own deadline, then gets 503."""
+    settings = _settings(world, sql_workers=1, sql_timeout_s=0.5, sql_memory_limit="512MB")
+    app = create_app(settings, catalog=world.catalog)
+    with serve(app) as url:
+        until = time.monotonic() + 60
+        while httpx.post(f"{url}/v1/sql", json={"query": "SELECT 1"}).status_code != 200:
+            assert time.monotonic() < until  # the first worker's start may exceed 0.5 s
+        busy = threading.Thread(
+            target=httpx.post, args=(f"{url}/v1/sql",), kwargs={"json": {"query": UNINTERRUPTIBLE}}
+        )
+        busy.start()
+        time.sleep(0.2)
+        start = time.monotonic()
+        r = httpx.post(f"{url}/v1/sql", json={"query": "SELECT 1"}, timeout=30)
+        took = time.monotonic() - start
+        busy.join()
+    assert_error(r, 503, "sql_busy")
+    assert took <= 0.5 + 1.0, took
