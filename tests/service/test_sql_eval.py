@@ -165,6 +165,12 @@ def _eval_rows(history: History, rows: list[dict[str, Any]]) -> list[dict[str, A
 
 def test_partial_pin_does_not_leak(eval_client: TestClient, history: History) -> None:
     """The reported request: a pin that names captions but not clips/assets."""
+    pin = {"captions": history.snapshots["captions"][-1]}
+    body = {"query": "SELECT count(*) FROM captions", "pin": pin}
+    read = eval_client.post("/v1/sql", json=body, headers=READ).json()["rows"][0][0]
+    full = eval_client.post("/v1/sql", json=body, headers=EVAL).json()["rows"][0][0]
+    train = sum(1 for c, split in history.world.clip_split.items() if split == "train")
+    assert (read, full) == (train, len(history.world.clip_split)), (read, full)
     for table in ("captions", "latents", "scores", "asset_events", "tombstones"):
         pin = {table: history.snapshots[table][-1]}
         assert _eval_rows(history, _rows(eval_client, table, pin, READ)) == [], table
