@@ -12,6 +12,7 @@ is replaced in the background so that the next query finds one ready.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import pickle
@@ -179,7 +180,10 @@ class WorkerPool:
                 died or ran out of memory), ``cancelled``, or the worker's own error.
             SandboxBusy: no worker came free within the job's timeout.
         """
-        worker = self._acquire(job, cancel)
+        worker, started_s = self._acquire(job, cancel)
+        if started_s:
+            # Starting a worker is the service's overhead, not the query's time.
+            job = dataclasses.replace(job, deadline=job.deadline + started_s)
         healthy = False
         try:
             header, body = self._exchange(worker, job, cancel)
@@ -221,15 +225,20 @@ class WorkerPool:
     def _alive(self) -> int:
         return len(self._all) + self._starting
 
-    def _acquire(self, job: Job, cancel: threading.Event | None) -> _Worker:
+    def _acquire(self, job: Job, cancel: threading.Event | None) -> tuple[_Worker, float]:
+        """An idle worker, else a new one; with the seconds spent starting it."""
         with self._cond:
             while True:
                 if self._closed:
                     raise InvalidSQL("the SQL sandbox is shut down", reason="closed")
                 if cancel is not None and cancel.is_set():
                     raise _cancelled()
-                if self._idle:
-                    return self._idle.pop()
+                while self._idle:
+                    worker = self._idle.pop()
+                    if worker.proc.poll() is None:
+                        return worker, 0.0
+                    self._all.remove(worker)  # died while idle (the OOM killer, say)
+                    worker.kill(wait=False)
                 if self._alive() < self.size:
                     self._starting += 1
                     break
@@ -241,7 +250,9 @@ class WorkerPool:
                         workers=self.size,
                     )
                 self._cond.wait(min(left, _POLL_S * 4))
-        return self._start()
+        begun = time.monotonic()
+        worker = self._start()
+        return worker, time.monotonic() - begun
 
     def _start(self) -> _Worker:
         """A new worker (the caller counted it in ``_starting``)."""

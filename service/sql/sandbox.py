@@ -12,7 +12,8 @@ bytes.
 Limits, each enforced where it cannot be bypassed:
 
 * **time**: one deadline, ``timeout_s`` after the call, covers validation, waiting
-  for a worker, execution and encoding; the worker interrupts DuckDB at the deadline
+  for a busy worker, execution and encoding (starting a new worker process does not
+  count: that is the service's overhead); the worker interrupts DuckDB at the deadline
   and stops encoding past it; the pool kills the worker if no answer arrives
   :data:`~service.sql.pool.GRACE_S` later (a constant DuckDB cannot interrupt).
 * **memory**: DuckDB's ``memory_limit`` for operators, and the worker's address-space

@@ -300,3 +300,16 @@ def test_a_full_pool_answers_503_by_the_deadline(world: World) -> None:
         busy.join()
     assert_error(r, 503, "sql_busy")
     assert took <= 0.5 + 1.0, took
+
+
+def test_a_worker_that_died_idle_is_not_used(limits_client: TestClient, limits_app: Any) -> None:
+    import os
+    import signal
+
+    pool = _sandbox(limits_app).pool
+    assert limits_client.post("/v1/sql", json={"query": "SELECT 1"}).status_code == 200
+    for pid in pool.pids():
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    r = limits_client.post("/v1/sql", json={"query": "SELECT 2 AS two"})
+    assert r.status_code == 200 and r.json()["rows"] == [[2]], r.text
