@@ -58,8 +58,8 @@ _BATCH_ROWS = 2048
 class Job:
     """One query for a worker: ``sql``, validated against the view names ``allowed``,
     over ``views`` (name -> :class:`View`, at least every allowed name the text
-    mentions), to be answered by ``deadline`` (``time.monotonic()``, one clock for every process of
-    the machine); ``timeout_s`` is the configured limit that the deadline came from."""
+    mentions), answered by ``deadline`` (``time.monotonic()``: one clock for every
+    process of the machine); ``timeout_s`` is the configured limit behind it."""
 
     sql: str
     allowed: frozenset[str]
