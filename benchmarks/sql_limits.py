@@ -18,7 +18,8 @@ shared box: what any 4 busy processes cost the server). Output keys:
 ``max_rss_over_limit_mb`` (the worst RSS growth minus the memory limit; ≤ 256 is the
 goal), ``max_overrun_s`` (the worst answer time minus the deadline; ≤ 1 is the goal),
 ``health_p99_ms`` under load (< 200 is the goal), ``health_idle_p99_ms``,
-``health_cpu_floor_p99_ms``, and
+``health_cpu_floor_p99_ms``, ``server_cpu_s`` (the server process's CPU seconds in
+each of the two phases), and
 ``loadavg_1m`` (before, after: the box's load, for reading the latencies).
 
     python benchmarks/sql_limits.py
@@ -160,6 +161,13 @@ def one_query(url: str, pid: int, sql: str) -> dict[str, Any]:
     }
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000
@@ -232,8 +240,11 @@ def main() -> None:
         try:
             idle = health_latencies(url, 2.0)
             queries = {name: one_query(url, proc.pid, sql) for name, sql in RUNAWAY.items()}
+            cpu0 = _cpu_s(proc.pid)
             loaded, answered = under_load(url, args.load_s)
+            cpu1 = _cpu_s(proc.pid)
             floor = under_burners(url, args.load_s, 4)
+            cpu2 = _cpu_s(proc.pid)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
@@ -255,6 +266,10 @@ def main() -> None:
                 "health_idle_p99_ms": round(_p99(idle), 2),
                 "health_cpu_floor_p99_ms": round(_p99(floor), 2),
                 "health_samples": len(loaded),
+                "server_cpu_s": {
+                    "under_load": round(cpu1 - cpu0, 2),
+                    "floor": round(cpu2 - cpu1, 2),
+                },
                 "loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                 "runaway_answers_under_load": answered,
                 "goal_rss_le_limit_plus_256mb": over <= 256,
