@@ -25,6 +25,7 @@ import json
 import os
 import pickle
 import resource
+import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -80,7 +81,8 @@ class _Watchdog:
     interrupts the armed connection at its deadline, and ends the process when the
     pool that started it is gone."""
 
-    def __init__(self) -> None:
+    def __init__(self, scratch: str) -> None:
+        self._scratch = scratch
         self._cond = threading.Condition()
         self._con: duckdb.DuckDBPyConnection | None = None
         self._deadline = 0.0
@@ -106,8 +108,9 @@ class _Watchdog:
                     self.fired = True
                     self._con.interrupt()
                     self._con = None
-            if os.getppid() != self._parent:
-                os._exit(3)  # the pool died: nobody will read an answer
+            if os.getppid() != self._parent:  # the pool died: nobody will read an answer
+                shutil.rmtree(self._scratch, ignore_errors=True)
+                os._exit(3)
 
 
 def _check(deadline: float, timeout_s: float) -> None:
@@ -291,10 +294,13 @@ def main(argv: list[str]) -> int:
     pa.set_cpu_count(1)
     pa.set_io_thread_count(1)
     conn = Connection(fd)
-    watchdog = _Watchdog()
+    watchdog = _Watchdog(scratch)
     _warm_up(scratch)
     space = _AddressSpace(extra)
     cap = space.rebase()
     conn.send_bytes(json.dumps({"ready": True, "pid": os.getpid(), "cap": cap}).encode())
-    _serve(conn, watchdog, space, scratch)
+    try:
+        _serve(conn, watchdog, space, scratch)
+    finally:  # the pool also removes it, unless the pool itself died
+        shutil.rmtree(scratch, ignore_errors=True)
     return 0

@@ -313,3 +313,35 @@ def test_a_worker_that_died_idle_is_not_used(limits_client: TestClient, limits_a
     time.sleep(0.2)
     r = limits_client.post("/v1/sql", json={"query": "SELECT 2 AS two"})
     assert r.status_code == 200 and r.json()["rows"] == [[2]], r.text
+
+
+def test_workers_die_with_their_server_and_leave_no_scratch(tmp_path: Any) -> None:
+    """A server killed without shutting down: its workers exit and remove their
+    scratch directories by themselves."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import os, time\n"
+        "from service.sql import WorkerPool\n"
+        "pool = WorkerPool('128MB', 1)\n"
+        "pool.warm(1)\n"
+        "while not pool.pids():\n"
+        "    time.sleep(0.05)\n"
+        "worker = pool._all[0]\n"
+        "print(worker.pid, worker.scratch, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    pid_text, scratch = out.stdout.split()
+    until = time.monotonic() + 10
+    while (os.path.exists(f"/proc/{pid_text}") or os.path.exists(scratch)) and (
+        time.monotonic() < until
+    ):
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{pid_text}"), "the worker outlived its server"
+    assert not os.path.exists(scratch), "the worker left its scratch directory"
