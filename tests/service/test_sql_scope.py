@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import duckdb
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from catalog.errors import InvalidSQL
 from service.app import create_app
@@ -75,6 +79,50 @@ def test_the_reported_request_is_a_400(scope_client: TestClient) -> None:
     assert "secret" not in r.text and os.getcwd() not in r.text
     ok = scope_client.post("/v1/sql", json={"query": FINE[2]})
     assert ok.status_code == 200 and ok.json()["rows"] == [[1], [2], [3]]
+
+
+# -- the first wall, as a property ----------------------------------------------------
+NAMES = ["clips", "pg_settings", "duckdb_databases"]
+#: Physical-plan operators that read something other than a registered view.
+SYSTEM_SCAN = re.compile(r"DUCKDB_|PRAGMA|READ_|GLOB|SQLITE|PG_|INFORMATION")
+
+
+def _queries(depth: int) -> st.SearchStrategy[str]:
+    """Small queries, all of one column ``c``, that nest CTEs named like system
+    catalogs at random scopes and reference those names from anywhere."""
+    leaf = st.sampled_from(NAMES).map(lambda n: f"SELECT 1 AS c FROM {n}")
+    if depth == 0:
+        return leaf
+    sub = _queries(depth - 1)
+    name = st.sampled_from(NAMES)
+    return st.one_of(
+        leaf,
+        st.tuples(name, sub, sub).map(lambda t: f"WITH {t[0]} AS ({t[1]}) {t[2]}"),
+        st.tuples(sub, name).map(lambda t: f"SELECT 1 AS c FROM ({t[0]}) s, {t[1]} t"),
+        st.tuples(name, sub).map(lambda t: f"SELECT 1 AS c FROM {t[0]} WHERE EXISTS ({t[1]})"),
+        st.tuples(sub, sub).map(lambda t: f"{t[0]} UNION ALL {t[1]}"),
+        st.tuples(sub, sub).map(lambda t: f"SELECT 1 AS c FROM ({t[0]}) s, LATERAL ({t[1]}) t"),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(query=_queries(3))
+def test_accepted_queries_bind_only_views_and_ctes(query: str) -> None:
+    """Whatever the nesting, a query the validator accepts is planned by DuckDB (an
+    ordinary connection, with ``clips`` registered) without any system-catalog scan."""
+    try:
+        validate_query(query, frozenset({"clips"}))
+    except InvalidSQL:
+        return
+    con = duckdb.connect(":memory:")
+    con.register("clips", pa.table({"c": [1]}))
+    try:
+        plan = " ".join(str(row[1]) for row in con.execute("EXPLAIN " + query).fetchall())
+    except duckdb.Error:
+        return  # DuckDB could not bind it either: nothing read
+    finally:
+        con.close()
+    assert not SYSTEM_SCAN.search(plan), (query, plan)
 
 
 # -- the second wall ------------------------------------------------------------------
