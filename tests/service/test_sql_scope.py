@@ -105,7 +105,7 @@ def _queries(depth: int) -> st.SearchStrategy[str]:
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(query=_queries(3))
 def test_accepted_queries_bind_only_views_and_ctes(query: str) -> None:
     """Whatever the nesting, a query the validator accepts is planned by DuckDB (an
