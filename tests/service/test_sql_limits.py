@@ -8,6 +8,7 @@ and a one-second deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import statistics
@@ -30,8 +31,8 @@ RUNAWAY = [
     "SELECT list_sum(range(100000000))",
     "SELECT count(*) FROM unnest(range(2000000000))",
 ]
-#: A constant DuckDB evaluates in one uninterruptible call (~300 MB, ~1 s here).
-UNINTERRUPTIBLE = "SELECT length(repeat(repeat('a', 10000), 30000))"
+#: A constant DuckDB evaluates in uninterruptible calls (~300 MB, ~2 s here).
+UNINTERRUPTIBLE = "SELECT md5(repeat(repeat('a', 10000), 30000))"
 
 
 def _settings(world: World, **extra: Any) -> Any:
@@ -265,41 +266,60 @@ def _wide() -> str:
     )
 
 
-def test_interrupt_while_batches_stream_is_a_timeout(
-    limits_client: TestClient, limits_app: Any
-) -> None:
+def test_interrupt_while_batches_stream_is_a_timeout(world: World) -> None:
     """A query that has started streaming batches when the deadline hits: DuckDB's
     interrupt surfaces through the Arrow reader, and must read as a timeout."""
-    query = (
-        "SELECT a, b FROM (SELECT unnest(range(60000)) AS a) x, "
-        "(SELECT unnest(range(60000)) AS b) y WHERE (a * b) % 50000 = 0"
-    )
-    recycled = _sandbox(limits_app).pool.stats["recycled"]
-    r = limits_client.post("/v1/sql", json={"query": query})
-    assert assert_error(r, 400, "invalid_sql")["details"]["reason"] == "timeout"
-    assert _sandbox(limits_app).pool.stats["recycled"] == recycled  # the worker lives on
+    # A few hundred microseconds a row: the first batch streams before the deadline,
+    # the 100k-row cap is far away when it hits (the byte cap is out of reach).
+    query = "SELECT md5(repeat(a::VARCHAR, 20000)) AS h FROM (SELECT unnest(range(100000)) AS a) x"
+    app = create_app(_settings(world, sql_result_bytes=1 << 30), catalog=world.catalog)
+    with TestClient(app) as client:
+        assert client.post("/v1/sql", json={"query": "SELECT 1"}).status_code == 200
+        r = client.post("/v1/sql", json={"query": query})
+        assert assert_error(r, 400, "invalid_sql")["details"]["reason"] == "timeout"
+        assert _sandbox(app).pool.stats["recycled"] == 0  # the worker lives on
 
 
 def test_a_full_pool_answers_503_by_the_deadline(world: World) -> None:
-    """One worker, held by a query that runs to its kill (deadline + grace): a second
-    query waits for a worker only until its own deadline, then gets 503."""
-    settings = _settings(world, sql_workers=1, sql_timeout_s=0.5, sql_memory_limit="512MB")
+    """The one worker is held by a job with a long deadline: a query waits for a
+    worker only until its own deadline, then gets 503."""
+    from service.sql.worker import Job
+
+    settings = _settings(world, sql_workers=1, sql_timeout_s=0.5)
     app = create_app(settings, catalog=world.catalog)
-    with serve(app) as url:
-        until = time.monotonic() + 60
-        while httpx.post(f"{url}/v1/sql", json={"query": "SELECT 1"}).status_code != 200:
-            assert time.monotonic() < until  # the first worker's start may exceed 0.5 s
-        busy = threading.Thread(
-            target=httpx.post, args=(f"{url}/v1/sql",), kwargs={"json": {"query": UNINTERRUPTIBLE}}
-        )
+    spin = (
+        "SELECT sum(a * b) FROM (SELECT unnest(range(100000)) AS a) x, "
+        "(SELECT unnest(range(100000)) AS b) y"
+    )
+    hold = Job(
+        sql=spin,
+        allowed=frozenset(),
+        views={},
+        memory_limit="128MB",
+        timeout_s=5.0,
+        deadline=time.monotonic() + 5.0,
+        max_rows=10,
+        max_bytes=1 << 20,
+    )
+    with TestClient(app) as client:
+        pool = _sandbox(app).pool
+        busy = threading.Thread(target=lambda: _swallow(pool.run, hold))
         busy.start()
-        time.sleep(0.2)
+        until = time.monotonic() + 60
+        while not pool.pids() and time.monotonic() < until:
+            time.sleep(0.05)
+        time.sleep(0.3)
         start = time.monotonic()
-        r = httpx.post(f"{url}/v1/sql", json={"query": "SELECT 1"}, timeout=30)
+        r = client.post("/v1/sql", json={"query": "SELECT 1"})
         took = time.monotonic() - start
         busy.join()
     assert_error(r, 503, "sql_busy")
     assert took <= 0.5 + 1.0, took
+
+
+def _swallow(fn: Any, *args: Any) -> None:
+    with contextlib.suppress(Exception):  # the held job ends in a timeout; not the point
+        fn(*args)
 
 
 def test_a_worker_that_died_idle_is_not_used(limits_client: TestClient, limits_app: Any) -> None:
