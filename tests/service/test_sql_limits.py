@@ -134,9 +134,12 @@ def test_uninterruptible_expression_meets_the_deadline(world: World) -> None:
         start = time.monotonic()
         r = client.post("/v1/sql", json={"query": UNINTERRUPTIBLE})
         took = time.monotonic() - start
-        assert assert_error(r, 400, "invalid_sql")["details"]["reason"] == "timeout"
-        assert took <= 0.2 + 1.0, took
-        assert _sandbox(app).pool.stats["killed"] >= 1
+        error = assert_error(r, 400, "invalid_sql")
+        assert error["details"]["reason"] == "timeout", error
+        # The goal is deadline + 1 s (benchmarks/sql_limits.py measures it); here a
+        # second more of slack, for a shared box where scheduling alone can cost that.
+        assert took <= 0.2 + 2.0, took
+        assert _sandbox(app).pool.stats["killed"] >= 1, _sandbox(app).pool.stats
         # The killed worker is replaced (its start counts against a 0.2 s deadline,
         # so the first tries may time out while it boots).
         until = time.monotonic() + 60
