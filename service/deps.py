@@ -102,7 +102,11 @@ class Services:
         self.metrics = Metrics()
         self.cut: CutFn = cut or _default_cut
         self.sandbox = Sandbox(
-            settings.sql_memory_limit, settings.sql_timeout_s, settings.sql_row_limit
+            settings.sql_memory_limit,
+            settings.sql_timeout_s,
+            settings.sql_row_limit,
+            workers=settings.sql_workers,
+            max_bytes=settings.sql_result_bytes,
         )
         self._lock = threading.RLock()
         self._catalog = catalog
@@ -218,7 +222,8 @@ class Services:
             self.metrics.cut_seconds.labels(record.state).observe(record.duration_s)
 
     def close(self) -> None:
-        """Let running jobs finish, then release the catalog."""
+        """Let running jobs finish, stop the SQL workers, then release the catalog."""
+        self.sandbox.close()
         with self._lock:
             if self._runner is not None:
                 self._runner.close(wait=True)

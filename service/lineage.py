@@ -443,7 +443,7 @@ def step_samples(
     if not sees_eval and clip_ids:
         # A training cut never holds eval clips; this guard keeps it that way for
         # anything else a registry might hold.
-        eval_clips = views.eval_ids("clips", "clip_id", pin.get("clips"))
+        eval_clips = views.eval_clip_ids(pin)
         if len(eval_clips) and pc.any(pc.is_in(taken.column("clip_id"), eval_clips)).as_py():
             raise Forbidden("this step holds eval material; the eval scope is needed", scope="eval")
     assets = _asset_summaries(views, pin, taken, manifest)

@@ -285,7 +285,7 @@ class SqlResult(_Out):
     columns: list[SqlColumn]
     rows: list[list[Any]]
     row_count: int
-    truncated: bool = Field(description="More rows matched than the limit returned")
+    truncated: bool = Field(description="More rows matched than the row or byte limit returned")
     elapsed_ms: float
     pin: dict[str, int | None]
 

@@ -59,6 +59,10 @@ class Settings(BaseSettings):
     sql_row_limit: int = 10_000
     sql_timeout_s: float = 10.0
     sql_memory_limit: str = "1GB"
+    sql_workers: int = Field(4, ge=1, le=64, description="SQL worker processes (queries at once)")
+    sql_result_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="Most bytes of one SQL result"
+    )
 
     # Loader-side defaults for the CLI
     cache_dir: Path | None = None

@@ -32,7 +32,7 @@ from service.schemas import (
     SnapshotsPublic,
     StepPublic,
 )
-from service.sql import Sandbox, validate_predicate
+from service.sql import validate_predicate
 
 __all__ = ["router", "snapshot_public"]
 
@@ -258,11 +258,13 @@ def _rows_matching(services: Services, version: int, where: str) -> list[int]:
     path = services.reader.local(version, "manifest.parquet")
     columns = {c.lower() for c in pq.read_schema(str(path)).names}
     predicate = validate_predicate(where, columns)
-    settings = services.settings
-    sandbox = Sandbox(settings.sql_memory_limit, settings.sql_timeout_s, _MAX_PATCH_ROWS)
-    result = sandbox.run(
+    # The shared sandbox: the service's deadline, memory cap and worker processes hold
+    # for a predicate exactly as for POST /v1/sql.
+    result = services.sandbox.run(
         f'SELECT "row" FROM manifest WHERE {predicate}',
         {"manifest": lambda: ds.dataset(str(path), format="parquet")},
+        row_cap=_MAX_PATCH_ROWS,
+        max_bytes=8 * _MAX_PATCH_ROWS + (1 << 20),
     )
     if result.truncated:
         raise InvalidInput(f"the predicate matches more than {_MAX_PATCH_ROWS} rows", field="where")
