@@ -705,7 +705,7 @@ class VidlakeCatalog:
         if len(qi) == 0 and len(bi) == 0:
             return *none, None
         all_ids = _NodeIds(_combined(have.data["asset_id"]), _combined(new["asset_id"]))
-        new_rate = _bitrates(new)
+        new_rate = rules.bitrates(new)
 
         def rate_of(nodes: NDArray[np.int64]) -> NDArray[np.float64]:
             old = nodes < n_old
@@ -883,7 +883,7 @@ class VidlakeCatalog:
         index = rules.sorted_index(digests) if digests is not None else None
         if spec.name == "assets":
             frames, lengths = rules.fingerprint_matrix(rows["fingerprint"], self._rule.window)
-            bitrate = _np(pc.cast(rows["probe_bitrate"], pa.float64())).astype(np.float64)
+            bitrate = rules.bitrates(rows)
             data = rows.select(["asset_id", "split", "duplicate_of", "near_duplicates"])
             derived = {"frames": frames, "lengths": lengths, "bitrate": bitrate}
             return _Cached(None, data.combine_chunks(), derived, index)
@@ -1282,12 +1282,6 @@ def _latent_key(*cols: pa.ChunkedArray | pa.Array) -> pa.Array:
         *(c.cast(pa.large_string()) for c in cols), pa.scalar("\x1f", pa.large_string())
     )
     return _combined(joined)
-
-
-def _bitrates(rows: pa.Table) -> NDArray[np.float64]:
-    if "probe_bitrate" not in rows.column_names:
-        return np.full(rows.num_rows, np.nan)
-    return _np(pc.cast(rows["probe_bitrate"], pa.float64())).astype(np.float64)
 
 
 def _warehouse(location: str) -> str:

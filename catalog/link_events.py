@@ -154,7 +154,7 @@ def rederive(old: pa.Table, old_events: pa.Table, new: pa.Table) -> pa.Table:
         old_events["related_asset_id"],
     )
     with_old, in_batch = _matches(new["near_duplicates"], old_ids, new_ids)
-    rates = np.concatenate([_rates(old), _rates(new)])
+    rates = np.concatenate([rules.bitrates(old), rules.bitrates(new)])
     every = pa.concat_arrays([old_ids, new_ids])
 
     def ids_of(nodes: NDArray[np.int64]) -> NDArray[np.str_]:
@@ -186,13 +186,6 @@ def _matches(
 def _ids(col: pa.ChunkedArray | pa.Array) -> pa.Array:
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     return arr.cast(pa.large_string())
-
-
-def _rates(rows: pa.Table) -> NDArray[np.float64]:
-    return np.asarray(
-        pc.cast(rows["probe_bitrate"], pa.float64()).to_numpy(zero_copy_only=False),
-        dtype=np.float64,
-    )
 
 
 def _np(col: pa.ChunkedArray | pa.Array) -> NDArray[np.int64]:

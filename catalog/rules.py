@@ -649,10 +649,7 @@ def asset_status(assets: pa.Table, tombstones: pa.Table, events: pa.Table) -> pa
         labels = connected_components(
             len(nodes), np.searchsorted(nodes, u), np.searchsorted(nodes, v)
         )
-        rate = np.asarray(
-            pc.cast(assets["probe_bitrate"], pa.float64()).to_numpy(zero_copy_only=False),
-            dtype=np.float64,
-        )
+        rate = bitrates(assets)
         node_ids = np.asarray(ids.take(pa.array(nodes)).to_pylist(), dtype="U64")
         canon = canonical_indices(labels, rate[nodes], node_ids)
         linked = canon != np.arange(len(nodes))
@@ -748,3 +745,13 @@ def digest_matches(
     qi = np.repeat(order[hit].astype(np.int64), counts)
     within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
     return qi, rows[np.repeat(left[hit], counts) + within]
+
+
+def bitrates(rows: pa.Table) -> NDArray[np.float64]:
+    """``probe_bitrate`` as float64 (NaN where null or absent). The cast is unchecked: a
+    bitrate above 2**53 loses its last bits, which no near-duplicate rule can notice,
+    where a checked cast would refuse every later ingest once such a row is stored."""
+    if "probe_bitrate" not in rows.column_names:
+        return np.full(rows.num_rows, np.nan)
+    column = pc.cast(rows["probe_bitrate"], pa.float64(), safe=False)
+    return np.asarray(column.to_numpy(zero_copy_only=False), dtype=np.float64)

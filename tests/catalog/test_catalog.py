@@ -286,6 +286,19 @@ def test_near_duplicates_link_to_the_higher_bitrate_copy(cat: VidlakeCatalog) ->
     assert status[high]["duplicate_of"] is None and status[other]["duplicate_of"] is None
 
 
+def test_a_bitrate_beyond_float_precision_never_blocks_later_ingest(tmp_path: Path) -> None:
+    """A stored bitrate above 2**53 once made every later ``add_assets`` fail (a checked
+    int64 -> float64 cast in the key cache): the row is valid, so later batches must land."""
+    config = CatalogConfig.embedded(tmp_path / "lake")
+    rng = np.random.default_rng(RNG_SEED + 7)
+    with VidlakeCatalog.open(config) as first:
+        big = asset("big", fingerprint=fingerprint(rng), probe={"bitrate": 2**63 - 1})
+        assert first.add_assets([big]).inserted == 1
+        assert first.add_assets([asset("next", fingerprint=fingerprint(rng))]).inserted == 1
+    with VidlakeCatalog.open(config) as fresh:  # the key cache is built from the table
+        assert fresh.add_assets([asset("third", fingerprint=fingerprint(rng))]).inserted == 1
+
+
 def test_same_batch_near_duplicates_and_distant_copies(cat: VidlakeCatalog) -> None:
     rng = np.random.default_rng(RNG_SEED + 1)
     fp = fingerprint(rng)
