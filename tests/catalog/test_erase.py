@@ -185,3 +185,41 @@ def test_bad_requests_change_nothing(lake: Lake) -> None:
         erase_asset(lake.catalog, ghost)  # no tombstone can exist for a missing asset
     with pytest.raises(NotFound):
         get_erasure(lake.catalog, erasure_id(ghost))
+
+
+def test_the_loader_skips_exactly_the_erased_rows_and_counts_them(
+    lake: Lake, tmp_path: Path
+) -> None:
+    from loader.dataset import SnapshotDataset
+    from loader.source import StoreSource
+
+    record = lake.registry.get(lake.version)
+    erased = set(record.erasures[-1].erased_rows)
+    ds = SnapshotDataset(
+        StoreSource(lake.catalog.objects),
+        lake.version,
+        rank=1,
+        world_size=2,
+        cache_dir=tmp_path / "node",
+        cache_budget_bytes=1 << 30,
+        prefetch_steps=0,
+    )
+    plan = ds.plan
+    assert set(plan.erased_rows.tolist()) == erased
+    first = next(s for s in range(plan.num_steps) if erased & set(plan.rows(s, 1, 2).tolist()))
+    ds.seek(first)
+    ds.end_step = first + 8
+    expected_skips = 0
+    for batch in ds:
+        step = batch["step"]
+        mine = plan.rows(step, 1, 2).tolist()
+        kept = [r for r in mine if r not in erased]
+        assert batch["rows"].tolist() == kept  # every other sample, in order, exactly once
+        assert batch["erased"] == len(mine) - len(kept)
+        assert not any(CAPTION_MARKER in (c or "") for c in batch["captions"])
+        expected_skips += len(mine) - len(kept)
+    assert expected_skips > 0  # the asset was in these steps
+    stats = ds.stats()
+    assert stats["erased_skipped"] == expected_skips
+    assert stats["erased_rows"] == len(erased)
+    assert stats["erasure_ids"] == [erasure_id(lake.asset)]
