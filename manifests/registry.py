@@ -430,6 +430,11 @@ class Registry:
             entry=entry, snapshot=snapshot, erasures=tuple(self.erasures(version))
         )
 
+    def erasure_count(self, version: int) -> int:
+        """How many erasure marks ``version`` has (one listing, no reads)."""
+        keys = self.store.list_keys(erasure_prefix(version))
+        return sum(erasure_seq(k, version) is not None for k in keys)
+
     def erasures(self, version: int) -> builtins.list[ErasureMark]:
         """The erasure marks of ``version``, oldest first (see :mod:`manifests.erasure`)."""
         marks = []

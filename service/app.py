@@ -25,7 +25,17 @@ from catalog.errors import VidlakeError
 from service.deps import CutFn, Services
 from service.errors import PayloadTooLarge, install_error_handlers
 from service.metrics import MetricsMiddleware
-from service.routers import dashboard, health, ingest, jobs, lineage, objects, snapshots, sql
+from service.routers import (
+    dashboard,
+    erasures,
+    health,
+    ingest,
+    jobs,
+    lineage,
+    objects,
+    snapshots,
+    sql,
+)
 from service.routers.health import API_VERSION
 from service.settings import Settings, get_settings
 
@@ -123,7 +133,7 @@ def create_app(
     )
     app.state.services = services
     install_error_handlers(app)
-    for module in (ingest, snapshots, jobs, sql, lineage, objects, health, dashboard):
+    for module in (ingest, snapshots, erasures, jobs, sql, lineage, objects, health, dashboard):
         app.include_router(module.router)
     static = resources.files("service").joinpath("static")
     app.mount("/static", StaticFiles(directory=str(static)), name="static")

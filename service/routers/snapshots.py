@@ -80,6 +80,8 @@ def snapshot_public(record: SnapshotRecord, pinned: bool = False) -> SnapshotPub
         stream_shares=snap.get("stream_shares") or {},
         artifacts={name: ref.model_dump() for name, ref in record.artifacts.items()},
         pinned=pinned,
+        contains_erased_data=record.contains_erased_data,
+        erasure_ids=[m.erasure_id for m in record.erasures],
     )
 
 

@@ -31,7 +31,7 @@ CAPTION_MARKER = "ZQXV-ERASE-CAPTION-MARKER"
 class Lake:
     """A small packed corpus with one asset carrying planted markers."""
 
-    def __init__(self, root: Path, config: CatalogConfig) -> None:
+    def __init__(self, root: Path, config: CatalogConfig, *, tombstone: bool = True) -> None:
         self.root = root
         self.catalog = VidlakeCatalog.open(config)
         self.registry = Registry(self.catalog.objects)
@@ -61,7 +61,10 @@ class Lake:
         self.version = cut_snapshot(self.catalog, self.registry, recipe).version
         self.latent_marker, self.pack = _latent_marker(self.catalog, self.clips)
         self.vector_marker = _vector_marker(self.catalog, self.clips[0])
-        self.catalog.add_tombstones([{"asset_id": self.asset, "reason": "test", "kind": "hard"}])
+        if tombstone:
+            self.catalog.add_tombstones(
+                [{"asset_id": self.asset, "reason": "test", "kind": "hard"}]
+            )
 
     def erase(self, **kw: Any) -> dict[str, Any]:
         def versions(plan: Any, packs: Any, expired: Any, progress: Any) -> dict[str, Any]:
