@@ -86,6 +86,15 @@ def attempt_keys(store: ObjectStore, eid: str, table: str) -> list[str]:
     return store.list_keys(record_key(eid, f"iceberg/{table}/"))
 
 
+def expired_by(store: ObjectStore, table: str, snapshot_id: int) -> str | None:
+    """The erasure that expired Iceberg snapshot ``snapshot_id`` of ``table``, if any."""
+    for eid in list_erasure_ids(store):
+        for key in attempt_keys(store, eid, table):
+            if snapshot_id in (get_record(store, key) or {}).get("snapshots", []):
+                return eid
+    return None
+
+
 def list_erasure_ids(store: ObjectStore) -> list[str]:
     """Every erasure that has a request record, sorted."""
     ids = {

@@ -276,3 +276,16 @@ def test_the_loader_skips_exactly_the_erased_rows_and_counts_them(
     assert stats["erased_skipped"] == expected_skips
     assert stats["erased_rows"] == len(erased)
     assert stats["erasure_ids"] == [erasure_id(lake.asset)]
+
+
+def test_a_pin_the_erasure_expired_fails_naming_the_erasure(lake: Lake) -> None:
+    from catalog.catalog import Pin
+
+    record = lake.registry.get(lake.version)
+    pins = record.erasures[-1].expired_pins
+    assert pins  # the version was cut after the asset's ingest: its pins are gone
+    pin = Pin.from_dict(record.snapshot["catalog_snapshot_ids"])
+    table = sorted(pins)[0]
+    with pytest.raises(NotFound, match=erasure_id(lake.asset)) as info:
+        lake.catalog.scan(table, pin)
+    assert info.value.details["erasure_id"] == erasure_id(lake.asset)
