@@ -39,6 +39,9 @@ __all__ = [
 ]
 
 ERASURES_PREFIX = "erasures/"
+# pyiceberg's predicate classes confuse mypy's signature checks; call them untyped.
+_EQ: Any = EqualTo
+_IN: Any = In
 
 
 def erasure_id(asset_id: str) -> str:
@@ -107,9 +110,11 @@ def list_erasure_ids(store: ObjectStore) -> list[str]:
 
 def eq(column: str, value: str) -> BooleanExpression:
     """``column = value`` as a pyiceberg filter."""
-    return EqualTo(column, value)  # type: ignore[call-arg]  # pyiceberg's typing
+    expr: BooleanExpression = _EQ(column, value)
+    return expr
 
 
 def isin(column: str, values: list[str]) -> BooleanExpression:
     """``column IN values`` as a pyiceberg filter (never empty: no value matches "")."""
-    return In(column, values or [""])  # type: ignore[call-arg]
+    expr: BooleanExpression = _IN(column, values or [""])
+    return expr
