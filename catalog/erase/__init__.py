@@ -254,11 +254,17 @@ def _delete_objects(
     still |= _named(catalog, "captions", "text_embedding_sha256", embeds)
     reason = f"erasure {eid} of asset {plan['asset_id']}"
     deleted = []
+    aborted = 0
     for sha in [*latents, *embeds]:
         if sha not in still:
             store.delete(sha, reason=reason)
+            aborted += store.abort_uploads(sha)
             deleted.append(sha)
-    return {"deleted": sorted(deleted), "kept_still_referenced": sorted(still)}
+    return {
+        "deleted": sorted(deleted),
+        "kept_still_referenced": sorted(still),
+        "uploads_aborted": aborted,
+    }
 
 
 def _named(catalog: VidlakeCatalog, table: str, column: str, shas: list[str]) -> set[str]:

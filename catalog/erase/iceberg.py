@@ -18,7 +18,10 @@ Per table, :func:`erase_rows` runs three idempotent moves:
    references is deleted. A path still referenced (an attempt that never committed) is
    kept, so a crash at any point leaves files a rerun finds and removes.
 
-Snapshots older than the asset's first row do not reference its files and stay; pins
+Looking at the current snapshot's files is enough: tables are append-only, so every
+file an older snapshot names is also in the current one, unless an erasure replaced
+it — and then that erasure expired every snapshot naming it. Snapshots older than the
+asset's first row do not reference its files and stay; pins
 at an expired snapshot can no longer time-travel (the erasure's audit record lists
 them). Older ``metadata.json`` files stay: they hold snapshot summaries and paths,
 never row values.
