@@ -299,3 +299,26 @@ def test_a_pin_the_erasure_expired_fails_naming_the_erasure(lake: Lake) -> None:
     with pytest.raises(NotFound, match=erasure_id(lake.asset)) as info:
         lake.catalog.scan(table, pin)
     assert info.value.details["erasure_id"] == erasure_id(lake.asset)
+
+
+def test_objects_adopted_by_reference_are_listed_not_erased(tmp_path: Path) -> None:
+    from catalog.interop.tar_import import import_tar_shards
+    from tests.catalog._tar_data import make_dataset
+
+    data = make_dataset(tmp_path / "tars", corrupt=False)
+    catalog = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path / "lake", eval_fraction=0.0))
+    import_tar_shards(catalog, data.root)
+    latents = catalog.scan("latents")
+    clip = latents["clip_id"][0].as_py()
+    shard = latents["object_sha256"][0].as_py()
+    asset = catalog.scan("clips", row_filter=f"clip_id = '{clip}'")["asset_id"][0].as_py()
+    before = {p: p.read_bytes() for p in data.root.glob("*.tar")}
+    catalog.add_tombstones([{"asset_id": asset, "reason": "test", "kind": "hard"}])
+    result = erase_asset(catalog, asset)
+    assert result["not_erased"]["adopted_objects"] == [shard]
+    assert shard not in result["objects"]["deleted"]
+    # The publisher's bytes: not ours to erase.
+    assert {p: p.read_bytes() for p in data.root.glob("*.tar")} == before
+    assert not catalog.scan("clips", row_filter=f"asset_id = '{asset}'").num_rows
+    others = catalog.scan("latents", row_filter=f"object_sha256 = '{shard}'")
+    assert others.num_rows > 0 and clip not in others["clip_id"].to_pylist()
