@@ -196,7 +196,7 @@ def _rewrite(
     written: list[str] = []
     try:
         new_files, dropped = _new_files(tbl, spec, bad, written)
-        updates, requirements = _commit_plan(
+        updates, requirements, snapshot_id = _commit_plan(
             tbl, walk, bad, bad_manifests, new_files, expired, written, eid
         )
         n = len(attempt_keys(store, eid, spec.name))
@@ -205,6 +205,7 @@ def _rewrite(
             record_key(eid, f"iceberg/{spec.name}/a{n:04d}.json"),
             {
                 "table": spec.name,
+                "snapshot_id": snapshot_id,
                 "rows_dropped": dropped,
                 "data_files": sorted(bad_paths),
                 "manifests": sorted(bad_manifests),
@@ -263,7 +264,7 @@ def _commit_plan(
     expired: list[int],
     written: list[str],
     eid: str,
-) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+) -> tuple[tuple[Any, ...], tuple[Any, ...], int]:
     meta = tbl.metadata
     current = meta.current_snapshot()
     assert current is not None
@@ -347,7 +348,8 @@ def _commit_plan(
         ),
         RemoveSnapshotsUpdate(snapshot_ids=expired),
     )
-    return updates, (AssertRefSnapshotId(snapshot_id=current.snapshot_id, ref=MAIN_BRANCH),)
+    requirement = AssertRefSnapshotId(snapshot_id=current.snapshot_id, ref=MAIN_BRANCH)
+    return updates, (requirement,), snapshot_id
 
 
 def _existing(e: ManifestEntry) -> ManifestEntry:
@@ -422,13 +424,12 @@ def _purge(tbl: Table, store: ObjectStore, eid: str, table: str) -> dict[str, An
     if not keys:
         return done
     referenced = _Walk(tbl).referenced()
-    for key in keys:
-        rec = get_record(store, key) or {}
-        if any(p in referenced for p in rec.get("data_files", [])):
-            continue  # this attempt never committed: its files are still live
+    records = [get_record(store, key) or {} for key in keys]
+    for rec in _committed(tbl, records, referenced):
         done["rows_dropped"] += int(rec.get("rows_dropped", 0))
         done["files_rewritten"] += len(rec.get("data_files", []))
         done["snapshots_expired"] += list(rec.get("snapshots", []))
+    for rec in records:
         paths = [
             *rec.get("data_files", []),
             *rec.get("manifests", []),
@@ -436,6 +437,21 @@ def _purge(tbl: Table, store: ObjectStore, eid: str, table: str) -> dict[str, An
         ]
         done["paths_purged"] += sum(_delete(tbl, p) for p in paths if p not in referenced)
     return done
+
+
+def _committed(
+    tbl: Table, records: list[dict[str, Any]], referenced: set[str]
+) -> list[dict[str, Any]]:
+    """The attempts that committed: their snapshot is in the table. (An attempt killed
+    before its commit left a record too; its files went with the next attempt's.) If a
+    later erasure expired even those snapshots, the last attempt whose files are gone
+    stands for them."""
+    live = {s.snapshot_id for s in tbl.metadata.snapshots}
+    found = [r for r in records if r.get("snapshot_id") in live]
+    if found:
+        return found
+    gone = [r for r in records if not any(p in referenced for p in r.get("data_files", []))]
+    return gone[-1:]
 
 
 def _delete(tbl: Table, path: str) -> bool:

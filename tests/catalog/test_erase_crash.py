@@ -67,21 +67,26 @@ def test_kill_9_anywhere_then_rerun_completes_the_erase(tmp_path: Path) -> None:
     kills, trials, stages = 0, 0, set()
     started = time.monotonic()
     try:
-        # How long an uninterrupted erase takes: kills are drawn over that span.
-        begin = time.monotonic()
-        outcome, _ = zygote.run(-1)
-        assert outcome == "done"
-        span = time.monotonic() - begin
+        # How long an uninterrupted erase takes once warm (the first run pays for cold
+        # imports and caches): kills are drawn over half that span, and each rerun
+        # resumes where the last one died, so the kills still walk through the job.
+        span = float("inf")
+        for _ in range(2):
+            shutil.rmtree(root)
+            shutil.copytree(pristine, root, symlinks=True)
+            begin = time.monotonic()
+            outcome, _ = zygote.run(-1)
+            assert outcome == "done"
+            span = min(span, time.monotonic() - begin)
         while kills < MIN_KILLS:
             shutil.rmtree(root)
             shutil.copytree(pristine, root, symlinks=True)
             trials += 1
-            # Up to KILLS_PER_TRIAL kills at random points of successive reruns (each
-            # resumes where the last one died, so early kill points still walk the
-            # kills through the whole job), then a rerun left alone must finish.
+            # Up to KILLS_PER_TRIAL kills at random points of successive reruns, then a
+            # rerun left alone must finish.
             outcome = "killed"
             for _ in range(KILLS_PER_TRIAL):
-                outcome, stage = zygote.run(rng.uniform(0.0, 0.6 * span))
+                outcome, stage = zygote.run(rng.uniform(0.0, 0.5 * span))
                 if outcome != "killed":
                     break
                 kills += 1
@@ -99,7 +104,11 @@ def test_kill_9_anywhere_then_rerun_completes_the_erase(tmp_path: Path) -> None:
 
 def _check_complete(root: Path, config: CatalogConfig, lake: Lake, counts: dict[str, int]) -> None:
     with VidlakeCatalog.open(config) as catalog:
-        assert get_erasure(catalog, erasure_id(lake.asset))["state"] == "done"
+        record = get_erasure(catalog, erasure_id(lake.asset))
+        assert record["state"] == "done"
+        # Counted once, however many attempts were killed on the way.
+        assert record["tables"]["clips"]["rows_dropped"] == len(lake.clips)
+        assert record["tables"]["assets"]["rows_dropped"] == 1
         after = {n: catalog.scan(n, include_eval=True).num_rows for n in ("assets", "clips")}
         assert after == {"assets": counts["assets"] - 1, "clips": counts["clips"] - len(lake.clips)}
     assert lake_hits(lake) == NO_HITS
