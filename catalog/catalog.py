@@ -1008,9 +1008,7 @@ class VidlakeCatalog:
         tbl = self.iceberg_table(table)  # loaded after the pin: it knows the pinned snapshot
         sid = pin[table]
         if sid is not None and tbl.metadata.snapshot_by_id(sid) is None:
-            raise NotFound(
-                f"{table} has no snapshot {sid} (expired?)", table=table, snapshot_id=sid
-            )
+            raise self._missing_snapshot(table, sid)
         written = _schema_at(tbl, sid)
         schema = tbl.schema() if current else written
         wanted = list(columns) if columns is not None else [f.name for f in schema.fields]
@@ -1057,6 +1055,24 @@ class VidlakeCatalog:
                 yield pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
         return pa.RecordBatchReader.from_batches(pa.schema(fields), batches())
+
+    def _missing_snapshot(self, table: str, sid: int) -> NotFound:
+        """The error for a pin at a snapshot that is gone, naming the erasure that
+        expired it when a hard-takedown erasure did (``catalog.erase``)."""
+        from catalog.erase.records import expired_by
+
+        eid = expired_by(self.objects, table, sid)
+        if eid is None:
+            return NotFound(
+                f"{table} has no snapshot {sid} (expired?)", table=table, snapshot_id=sid
+            )
+        return NotFound(
+            f"{table} snapshot {sid} was expired by erasure {eid} (a hard takedown); "
+            "a cut pinned there cannot be replayed",
+            table=table,
+            snapshot_id=sid,
+            erasure_id=eid,
+        )
 
     def _eval_ids(self, table: str, key: str, pin: Pin) -> pa.Array:
         """Ids of eval assets (or clips) at the pin."""

@@ -54,7 +54,9 @@ __all__ = [
     "SPLITS",
     "AddResult",
     "EmbeddingIndex",
+    "asset_vector_counts",
     "current_versions",
+    "erase_asset_vectors",
     "list_models",
     "pairs_within_vectors",
     "table_name_for",
@@ -370,6 +372,59 @@ class EmbeddingIndex:
         for batch in table.search(None).select(cols).to_batches():
             parts.append(batch.filter(pc.is_in(batch["clip_id"], value_set=wanted)))
         return pa.Table.from_batches(parts, schema=pa.schema([table.schema.field(c) for c in cols]))
+
+
+def asset_vector_counts(uri_or_dir: str | os.PathLike[str], asset_id: str) -> dict[str, int]:
+    """Rows of ``asset_id`` per embedding table (tables without any are left out)."""
+    db = _erasure_db(uri_or_dir, asset_id)
+    counts: dict[str, int] = {}
+    for name in db.table_names():
+        table = db.open_table(name)
+        if "asset_id" in table.schema.names:
+            n = int(table.count_rows(f"asset_id = '{asset_id}'"))
+            if n:
+                counts[name] = n
+    return counts
+
+
+def erase_asset_vectors(
+    uri_or_dir: str | os.PathLike[str], asset_id: str, tables: Sequence[str]
+) -> None:
+    """Delete ``asset_id``'s rows from ``tables`` and erase their old versions.
+
+    A LanceDB delete only writes a deletion file, and compaction rewrites a fragment
+    only once a tenth of it is deleted: the vectors would stay in the fragment files.
+    So each table is rewritten whole from its remaining rows (a new version of new
+    fragment files; ``O(table)`` work, the price of a guarantee LanceDB's API offers
+    no cheaper way to) and every version but the latest is cleaned up. Idempotent: a
+    rerun rewrites the same rows again.
+
+    A reader or writer holding an older version of such a table at that moment fails
+    (the version it reads is gone), and pins of older table versions no longer
+    resolve; an erasure's record says so. The table has no vector index to rebuild
+    (see the module docstring: reads are exact scans).
+    """
+    import warnings
+
+    db = _erasure_db(uri_or_dir, asset_id)
+    present = set(db.table_names())
+    for name in tables:
+        if name not in present:
+            continue
+        table = db.open_table(name)
+        table.delete(f"asset_id = '{asset_id}'")
+        rows = table.to_arrow()
+        db.create_table(name, rows, schema=rows.schema, mode="overwrite")
+        with warnings.catch_warnings():
+            # "removes every version except the latest": exactly the point here.
+            warnings.simplefilter("ignore", UserWarning)
+            db.open_table(name).optimize(cleanup_older_than=timedelta(0))
+
+
+def _erasure_db(uri_or_dir: str | os.PathLike[str], asset_id: str) -> Any:
+    if not re.fullmatch(r"[0-9a-f]{64}", asset_id):
+        raise InvalidInput(f"asset id must be 64 lowercase hex, got {asset_id!r}")
+    return EmbeddingIndex(uri_or_dir, "erasure")._connect()
 
 
 _NEAREST_SCHEMA = pa.schema(

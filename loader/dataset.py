@@ -57,7 +57,7 @@ __all__ = ["RESERVED_KEYS", "SnapshotDataset", "StatefulLoader"]
 
 #: Keys of a batch that are not tensors from the latent (tensor keys may not use them).
 RESERVED_KEYS = frozenset(
-    {"clip_ids", "rows", "step", "phase", "bucket", "captions", "text_embeddings"}
+    {"clip_ids", "rows", "step", "phase", "bucket", "captions", "text_embeddings", "erased"}
 )
 
 _INDEX_COLUMNS = [
@@ -147,6 +147,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         self._plan: PlanReader | None = None
         self._src: SnapshotSource | None = None
         self._sizes: dict[str, int] = {}
+        self._erased_skipped = 0
 
     # -- lazily created per process ----------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -201,6 +202,18 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         self.close()
 
     # -- state -------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Erasure accounting: ``erased_rows`` of the plan (manifest rows a hard
+        takedown erased) and ``erased_skipped``, the rank-local rows this process's
+        iteration skipped because they were erased (each batch also carries its own
+        count as ``batch["erased"]``, which is what DataLoader workers report)."""
+        plan = self.plan
+        return {
+            "erased_rows": int(plan.erased_rows.size),
+            "erasure_ids": list(plan.erasure_ids),
+            "erased_skipped": self._erased_skipped,
+        }
+
     @property
     def next_step(self) -> int:
         """The step the next iterator starts at (advanced only by in-process iteration)."""
@@ -281,6 +294,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
                 batch = current.assemble()
                 if track:
                     self._next_step = current.info.step + 1
+                    self._erased_skipped += current.erased
                 yield batch
         finally:
             for item in pending:
@@ -298,6 +312,12 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
     ) -> _Step:
         info = plan.step_info(step)
         rows = plan.rows(step, self.rank, self.world_size)
+        erased = 0
+        if plan.erased_rows.size:
+            # Rows a hard takedown erased are blanked in the index: skip, and count.
+            keep = ~np.isin(rows, plan.erased_rows)
+            erased = int(rows.size - keep.sum())
+            rows = rows[keep]
         table = plan.index_columns(rows, _INDEX_COLUMNS)
         records = table.to_pylist()
         variants = _caption_variants(records, rows, info)
@@ -315,7 +335,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             rec["captions"][v] if v is not None else None
             for rec, v in zip(records, variants, strict=True)
         ]
-        return _Step(info, rows, table, captions, buffer, latents, embeds)
+        return _Step(info, rows, table, captions, buffer, latents, embeds, erased)
 
     def _load_latent(
         self, cache: NodeCache, rec: dict[str, Any], buffer: _BatchBuffer, i: int
@@ -500,8 +520,10 @@ class _Step:
         buffer: _BatchBuffer,
         latents: list[Future[dict[str, torch.Tensor] | None]],
         embeds: list[Future[Any] | None],
+        erased: int = 0,
     ) -> None:
         self.info = info
+        self.erased = erased
         self.rows = rows
         self.table = table
         self.captions = captions
@@ -539,6 +561,7 @@ class _Step:
         batch["phase"] = self.info.phase
         batch["bucket"] = self.info.bucket
         batch["captions"] = self.captions
+        batch["erased"] = self.erased
         embeds = [f.result() if f is not None else None for f in self.embeds]
         if any(e is not None for e in embeds):
             batch["text_embeddings"] = _maybe_stack(embeds)

@@ -31,6 +31,12 @@ Artifacts of one snapshot (each stored content-addressed in the object store):
 Registry entry ``manifests/v{N:06d}.json`` (a named key in the object store):
 ``{"version", "parent", "snapshot_sha256", "snapshot_size", "recipe_sha256",
 "patch_of", "created_at"}``.
+
+Erasure marks ``manifests/v{N:06d}.erasure-{k:04d}.json`` (create-only, written by a
+hard-takedown erasure, see :mod:`manifests.erasure`): the mark with the highest ``k``
+names the version's current ``artifacts`` (``{name: {"sha256", "size"}}``, replacing
+those of ``snapshot.json``) and the sorted manifest rows ``erased_rows`` that readers
+skip. ``plan.arrow`` is never rewritten by an erasure.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ __all__ = [
     "INDEX_SCHEMA",
     "PLAN_SCHEMA",
     "SNAPSHOT_REQUIRED_KEYS",
+    "erasure_key",
+    "erasure_prefix",
+    "erasure_seq",
     "registry_key",
 ]
 
@@ -116,3 +125,22 @@ SNAPSHOT_REQUIRED_KEYS = frozenset(
 def registry_key(version: int) -> str:
     """The named key that claims snapshot ``version`` in the object store."""
     return f"manifests/v{version:06d}.json"
+
+
+def erasure_prefix(version: int) -> str:
+    """The prefix of version ``version``'s erasure marks."""
+    return f"manifests/v{version:06d}.erasure-"
+
+
+def erasure_key(version: int, seq: int) -> str:
+    """The named key of erasure mark ``seq`` (1, 2, …) of snapshot ``version``."""
+    return f"{erasure_prefix(version)}{seq:04d}.json"
+
+
+def erasure_seq(key: str, version: int) -> int | None:
+    """The sequence number of an erasure mark key of ``version``, else None."""
+    prefix = erasure_prefix(version)
+    if not key.startswith(prefix) or not key.endswith(".json"):
+        return None
+    digits = key[len(prefix) : -len(".json")]
+    return int(digits) if digits.isdigit() else None

@@ -197,8 +197,16 @@ class PlanReader:
         snapshot_sha256: str,
         plan_path: Path,
         index_path: Path,
+        erased_rows: NDArray[np.int64] | None = None,
+        erasure_ids: tuple[str, ...] = (),
     ) -> None:
         self.version = version
+        #: Manifest rows a hard-takedown erasure blanked (sorted): the dataset skips
+        #: them and counts them. Empty for a version that never held erased data.
+        self.erased_rows: NDArray[np.int64] = (
+            erased_rows if erased_rows is not None else np.empty(0, dtype=np.int64)
+        )
+        self.erasure_ids = erasure_ids
         self.snapshot = snapshot
         self.snapshot_sha256 = snapshot_sha256
         self.plan_sha256: str = snapshot["artifacts"]["plan.arrow"]["sha256"]
@@ -564,30 +572,67 @@ def open_plan(
         raise InvalidInput(f"version must be a non-negative int, got {version!r}", version=version)
     root = Path(cache_dir)
     snap_path = root / "snapshots" / f"v{version:06d}.json"
+    src = open_source(source)
+    mark = _erasure_mark(src, version)
     local = _local_snapshot(snap_path, version)
-    if local is None or not _ready(local[1], root):
+    if local is None or not _ready(_effective(local[1], mark), root):
         (root / "snapshots").mkdir(parents=True, exist_ok=True)
         (root / "artifacts").mkdir(parents=True, exist_ok=True)
         with FileLock(str(snap_path.with_suffix(".lock")), timeout=lock_timeout_s):
             # Whoever held the lock before us may have done the work already.
             local = _local_snapshot(snap_path, version)
-            src = open_source(source)
             if local is None:
                 data, _ = src.snapshot_bytes(version)
                 local = data, _parse_snapshot(data, version)
                 _write_atomic(snap_path, data)
-            if not _ready(local[1], root):
-                _download(src, version, local[1], root)
+            if not _ready(_effective(local[1], mark), root):
+                _download(src, version, _effective(local[1], mark), root)
                 plan_sha = local[1]["artifacts"]["plan.arrow"]["sha256"]
                 _batch_gcd(_artifact_path(root, plan_sha, "plan"), plan_sha)
     data, doc = local
+    doc = _effective(doc, mark)
     return PlanReader(
         version=version,
         snapshot=doc,
         snapshot_sha256=sha256_bytes(data),
         plan_path=_artifact_path(root, doc["artifacts"]["plan.arrow"]["sha256"], "plan"),
         index_path=_artifact_path(root, doc["artifacts"]["index.arrow"]["sha256"], "index"),
+        erased_rows=np.asarray(mark["erased_rows"] if mark else [], dtype=np.int64),
+        erasure_ids=(str(mark["erasure_id"]),) if mark else (),
     )
+
+
+def _erasure_mark(source: SnapshotSource, version: int) -> dict[str, Any] | None:
+    """The version's latest erasure mark, checked for what the loader relies on."""
+    data = source.erasure_bytes(version)
+    if data is None:
+        return None
+    try:
+        mark = json.loads(data)
+        artifacts = mark["artifacts"]
+        rows = mark["erased_rows"]
+        for name in _ARTIFACTS.values():
+            require_sha256(artifacts[name]["sha256"], f"erasure artifacts.{name}.sha256")
+            int(artifacts[name]["size"])
+        if not isinstance(rows, list) or not all(isinstance(r, int) for r in rows):
+            raise TypeError("erased_rows is not a list of ints")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise IntegrityError(f"erasure mark of version {version} is malformed: {exc}") from exc
+    if int(mark.get("version", -1)) != version:
+        raise IntegrityError(f"erasure mark for version {version} names {mark.get('version')}")
+    return dict(mark)
+
+
+def _effective(doc: dict[str, Any], mark: dict[str, Any] | None) -> dict[str, Any]:
+    """``snapshot.json`` with the artifacts an erasure mark names (the plan never changes)."""
+    if mark is None:
+        return doc
+    if mark["artifacts"]["plan.arrow"]["sha256"] != doc["artifacts"]["plan.arrow"]["sha256"]:
+        raise IntegrityError(
+            f"erasure mark {mark.get('erasure_id')} of version {doc['version']} names another "
+            "plan.arrow; an erasure never rewrites the plan"
+        )
+    return {**doc, "artifacts": {**doc["artifacts"], **mark["artifacts"]}}
 
 
 def _local_snapshot(path: Path, version: int) -> tuple[bytes, dict[str, Any]] | None:

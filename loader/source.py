@@ -41,7 +41,7 @@ from catalog.errors import (
 from catalog.hashing import CHUNK, require_sha256, sha256_bytes
 from catalog.objects import ObjectStore, open_store
 from catalog.objects.refs import download_ref, get_ref, resolve_range
-from loader.format import registry_key
+from loader.format import erasure_prefix, erasure_seq, registry_key
 
 __all__ = ["HttpSource", "SnapshotSource", "StoreSource", "open_source"]
 
@@ -65,6 +65,13 @@ class SnapshotSource(ABC):
             NotFound: the version is not published.
             ChecksumMismatch: the bytes do not hash to the registered SHA-256.
         """
+
+    def erasure_bytes(self, version: int) -> bytes | None:
+        """The latest erasure mark of ``version`` (``loader.format``), or None if none.
+
+        A source that cannot hold erasure marks has none (this default).
+        """
+        return None
 
     @abstractmethod
     def download_artifact(self, version: int, name: str, sha256: str, dest: Path) -> None:
@@ -159,6 +166,14 @@ class StoreSource(SnapshotSource):
         size = entry.get("snapshot_size")
         _check(data, sha, size if isinstance(size, int) else None, what="snapshot.json")
         return data, sha
+
+    def erasure_bytes(self, version: int) -> bytes | None:
+        marks = [
+            (seq, key)
+            for key in self.store.list_keys(erasure_prefix(version))
+            if (seq := erasure_seq(key, version)) is not None
+        ]
+        return self.store.get_key(max(marks)[1]) if marks else None
 
     def download_artifact(self, version: int, name: str, sha256: str, dest: Path) -> None:
         self.fetch_object(sha256, dest)
@@ -287,6 +302,13 @@ class HttpSource(SnapshotSource):
                 data = json.dumps(doc["snapshot"], sort_keys=True).encode()
                 actual = sha256_bytes(data)
         return data, actual
+
+    def erasure_bytes(self, version: int) -> bytes | None:
+        try:
+            data, _ = self._get_bytes(f"/v1/snapshots/{version}/erasure")
+        except NotFound:
+            return None
+        return data
 
     def download_artifact(self, version: int, name: str, sha256: str, dest: Path) -> None:
         _, _, header = self._stream_to(f"/v1/snapshots/{version}/artifacts/{name}", dest)

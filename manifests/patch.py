@@ -78,7 +78,7 @@ def patch(
     by: str | None = None,
 ) -> SnapshotRecord:
     """Publish a patch of ``version`` that skips every sample of the excluded clips,
-    assets and manifest rows.
+    assets and manifest rows (and the rows an erasure of ``version`` blanked).
 
     The new version's parent is the latest version when it is claimed (a patch does
     not depend on its parent, so a lost race is retried a few times before the
@@ -109,6 +109,10 @@ def patch(
         )
     base = registry.get(version)
     refs = base.artifacts
+    if base.erasures:
+        # Rows a hard-takedown erasure blanked: the patch's plan skips them outright
+        # (a patch version carries no erasure mark of its own).
+        rows = np.union1d(rows, np.asarray(base.erasures[-1].erased_rows, dtype=np.int64))
     with tempfile.TemporaryDirectory(prefix="vidlake-patch-") as tmp:
         work = Path(tmp)
         with registry.local_artifact(version, "index.arrow") as index_path:

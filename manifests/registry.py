@@ -44,10 +44,17 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from catalog.errors import ChecksumMismatch, Conflict, IntegrityError, InvalidInput, NotFound
 from catalog.hashing import is_sha256, sha256_bytes, sha256_file
 from catalog.objects import ObjectStore
-from loader.format import ARTIFACT_NAMES, SNAPSHOT_REQUIRED_KEYS, registry_key
+from loader.format import (
+    ARTIFACT_NAMES,
+    SNAPSHOT_REQUIRED_KEYS,
+    erasure_prefix,
+    erasure_seq,
+    registry_key,
+)
 
 __all__ = [
     "ArtifactRef",
+    "ErasureMark",
     "Pin",
     "PinEvent",
     "Registry",
@@ -107,11 +114,38 @@ class RegistryEntry(_Fact):
     created_at: str
 
 
+class ErasureMark(_Fact):
+    """The body of ``manifests/v{N:06d}.erasure-{k:04d}.json`` (see manifests.erasure)."""
+
+    version: int
+    seq: int
+    erasure_id: str
+    asset_id: str
+    #: Every artifact of the version after this erasure (snapshot.json excluded).
+    artifacts: dict[str, ArtifactRef]
+    #: Artifact name -> the object it replaced (deleted once no version names it).
+    replaced: dict[str, str]
+    #: Manifest rows erased by this and every earlier mark, sorted.
+    erased_rows: list[int]
+    rows_erased: int
+    rows_repointed: int
+    #: Catalog pins (table -> Iceberg snapshot id) the erasure expired.
+    expired_pins: dict[str, int]
+    created_at: str
+
+
 class SnapshotRecord(_Fact):
-    """A published version: its registry entry and its verified ``snapshot.json``."""
+    """A published version: its registry entry, its verified ``snapshot.json`` and its
+    erasure marks (oldest first; the latest one names the current artifacts)."""
 
     entry: RegistryEntry
     snapshot: dict[str, Any]
+    erasures: tuple[ErasureMark, ...] = ()
+
+    @property
+    def contains_erased_data(self) -> bool:
+        """Rows of this version were erased by a hard takedown (the loader skips them)."""
+        return bool(self.erasures and self.erasures[-1].erased_rows)
 
     @property
     def version(self) -> int:
@@ -127,8 +161,11 @@ class SnapshotRecord(_Fact):
 
     @property
     def artifacts(self) -> dict[str, ArtifactRef]:
-        """Every artifact by name, ``snapshot.json`` included."""
-        refs = {name: ArtifactRef(**ref) for name, ref in self.snapshot["artifacts"].items()}
+        """Every artifact by name, ``snapshot.json`` included (after the latest erasure)."""
+        if self.erasures:
+            refs = dict(self.erasures[-1].artifacts)
+        else:
+            refs = {name: ArtifactRef(**ref) for name, ref in self.snapshot["artifacts"].items()}
         refs[SNAPSHOT_JSON] = ArtifactRef(
             sha256=self.entry.snapshot_sha256, size=self.entry.snapshot_size
         )
@@ -396,7 +433,30 @@ class Registry:
                     version=version,
                     field=field,
                 )
-        return SnapshotRecord(entry=entry, snapshot=snapshot)
+        return SnapshotRecord(
+            entry=entry, snapshot=snapshot, erasures=tuple(self.erasures(version))
+        )
+
+    def erasure_count(self, version: int) -> int:
+        """How many erasure marks ``version`` has (one listing, no reads)."""
+        keys = self.store.list_keys(erasure_prefix(version))
+        return sum(erasure_seq(k, version) is not None for k in keys)
+
+    def erasures(self, version: int) -> builtins.list[ErasureMark]:
+        """The erasure marks of ``version``, oldest first (see :mod:`manifests.erasure`)."""
+        marks = []
+        for key in self.store.list_keys(erasure_prefix(version)):
+            seq = erasure_seq(key, version)
+            if seq is None:
+                continue
+            try:
+                mark = ErasureMark.model_validate_json(self.store.get_key(key))
+            except ValidationError as exc:
+                raise IntegrityError(f"erasure mark {key} is malformed: {exc}", key=key) from exc
+            if mark.version != version or mark.seq != seq:
+                raise IntegrityError(f"erasure mark {key} names another version or seq", key=key)
+            marks.append(mark)
+        return sorted(marks, key=lambda m: m.seq)
 
     def list(self) -> builtins.list[SnapshotRecord]:
         """Every version, ascending, each verified as :meth:`get` does."""

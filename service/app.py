@@ -30,7 +30,17 @@ from service.deps import CutFn, Services
 from service.errors import PayloadTooLarge, install_error_handlers
 from service.loopback import OpenModeGuard, check_listening, watch_listening
 from service.metrics import MetricsMiddleware
-from service.routers import dashboard, health, ingest, jobs, lineage, objects, snapshots, sql
+from service.routers import (
+    dashboard,
+    erasures,
+    health,
+    ingest,
+    jobs,
+    lineage,
+    objects,
+    snapshots,
+    sql,
+)
 from service.routers.health import API_VERSION
 from service.row_schemas import row_schemas
 from service.settings import Settings, get_settings
@@ -141,7 +151,7 @@ def create_app(
     app.state.services = services
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     install_error_handlers(app)
-    for module in (ingest, snapshots, jobs, sql, lineage, objects, health, dashboard):
+    for module in (ingest, snapshots, erasures, jobs, sql, lineage, objects, health, dashboard):
         app.include_router(module.router)
     static = resources.files("service").joinpath("static")
     app.mount("/static", StaticFiles(directory=str(static)), name="static")

@@ -258,20 +258,139 @@ def tombstone(
     asset_id: Annotated[str, typer.Argument(help="The asset's SHA-256.")],
     reason: Annotated[str, typer.Option(help="Why (recorded).")],
     kind: Annotated[
-        str, typer.Option(help="soft: exclude from later cuts; hard: also erase bytes.")
+        str, typer.Option(help="soft: exclude from later cuts; hard: also allows erasing bytes.")
     ] = "soft",
     by: Annotated[str | None, typer.Option(help="Who asked.")] = None,
+    then_erase: Annotated[
+        bool,
+        typer.Option(
+            "--erase", help="With --kind hard: erase the bytes now (see `vidlake erase`)."
+        ),
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Take an asset down: every later snapshot excludes all of its clips."""
+    if then_erase and kind != "hard":
+        raise InvalidInput("--erase needs --kind hard", field="kind")
     row = {"asset_id": asset_id, "reason": reason, "kind": kind, "requested_by": by}
     if url:
         result = _Client(url, token).call("POST", "/v1/tombstones", json=[row])
     else:
         result = _lake().catalog.add_tombstones([row]).to_dict()
-    _emit(result, as_json)
+    if not then_erase:
+        _emit(result, as_json)
+        return
+    erase(asset_id, reason=reason, by=by, url=url, token=token, as_json=as_json)
+
+
+@app.command()
+def erase(
+    asset_id: Annotated[str, typer.Argument(help="The asset's SHA-256 (hard-tombstoned).")],
+    reason: Annotated[str, typer.Option(help="Why (recorded in the audit record).")] = (
+        "hard takedown"
+    ),
+    by: Annotated[str | None, typer.Option(help="Who asked.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Erase a hard-tombstoned asset's bytes: objects, Iceberg rows, vectors, snapshot
+    artifacts. Idempotent; rerun it after an interruption to finish the job."""
+    from service.erasure import check_erasure, erasure_view, run_erasure
+
+    if url:
+        result = _job_remote(
+            _Client(url, token),
+            "/v1/erasures",
+            {"asset_id": asset_id, "reason": reason},
+            progress=not as_json,
+        )
+    else:
+        lake = _lake()
+        check_erasure(lake.catalog, asset_id, tombstone=False, reason=reason, by=by)
+        with _progress(not as_json) as report:
+            record = run_erasure(
+                lake.catalog,
+                lake.registry,
+                asset_id,
+                reason=reason,
+                requested_by=by,
+                progress=report,
+            )
+        result = erasure_view(record)
+    _emit(result, as_json, _render_erasure)
+
+
+@app.command()
+def erasures(
+    erasure_id: Annotated[str | None, typer.Argument(help="One erasure (default: all).")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Erasures and their audit records (what was erased, what could not be)."""
+    client = _client(url, token)
+    if erasure_id is not None:
+        _emit(client.call("GET", f"/v1/erasures/{erasure_id}"), as_json, _render_erasure)
+        return
+    data = client.call("GET", "/v1/erasures")
+
+    def render(d: dict[str, Any]) -> None:
+        table = Table("erasure", "asset", "state", "requested by", "completed")
+        for e in d["data"]:
+            table.add_row(
+                e["erasure_id"],
+                e["asset_id"][:16],
+                e["state"],
+                str(e["requested_by"] or ""),
+                str(e["completed_at"] or ""),
+            )
+        out.print(table)
+
+    _emit(data, as_json, render)
+
+
+def _render_erasure(e: dict[str, Any]) -> None:
+    audit = e.get("audit") or {}
+    rows = {t: v.get("rows_dropped", 0) for t, v in (audit.get("tables") or {}).items()}
+    out.print(f"[bold]erasure {e['erasure_id']}[/bold]  asset={e['asset_id']}  {e['state']}")
+    out.print(f"rows erased: {rows}")
+    objects = audit.get("objects") or {}
+    out.print(
+        f"objects deleted: {len(objects.get('deleted', []))}  "
+        f"packs rewritten: {len(audit.get('packs_rewritten') or {})}  "
+        f"vectors: {audit.get('vectors_deleted') or {}}"
+    )
+    marked = (audit.get("versions") or {}).get("marked") or {}
+    out.print(f"versions marked: {sorted(int(v) for v in marked)}")
+    adopted = (audit.get("not_erased") or {}).get("adopted_objects") or []
+    if adopted:
+        out.print(f"[yellow]not erasable (adopted by reference): {adopted}[/yellow]")
+
+
+def _job_remote(client: _Client, path: str, body: Any, *, progress: bool) -> Any:
+    """Start a job with ``POST path`` and follow it; its result, or the failure raised."""
+    import time
+
+    job_id = client.call("POST", path, json=body)["id"]
+    with _progress(progress) as report:
+        while True:
+            state = client.call("GET", f"/v1/jobs/{job_id}")
+            if state.get("stage"):
+                report(state["stage"], float(state.get("progress") or 0.0))
+            if state["state"] in ("succeeded", "failed"):
+                break
+            time.sleep(0.25)
+    if state["state"] == "failed":
+        error = state.get("error") or {}
+        raise _RemoteError(
+            409 if error.get("code") == "conflict" else 422,
+            error.get("message", "job failed"),
+            state,
+        )
+    return state["result"]
 
 
 # -- snapshots ------------------------------------------------------------------------------
@@ -409,7 +528,15 @@ def snapshots(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = Fal
 
     def render(items: list[dict[str, Any]]) -> None:
         table = Table(
-            "version", "parent", "patch_of", "recipe", "steps", "samples", "pinned", "created"
+            "version",
+            "parent",
+            "patch_of",
+            "recipe",
+            "steps",
+            "samples",
+            "pinned",
+            "erased",
+            "created",
         )
         for r in items:
             table.add_row(
@@ -420,6 +547,7 @@ def snapshots(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = Fal
                 str(r["num_steps"]),
                 str(r["counts"].get("samples", "")),
                 "yes" if r["pinned"] else "",
+                "yes" if r.get("contains_erased_data") else "",
                 r["created_at"],
             )
         out.print(table)
@@ -431,11 +559,27 @@ def snapshots(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = Fal
 def show(
     version: int, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Show one snapshot's metadata (snapshot.json)."""
+    """Show one snapshot's metadata (snapshot.json; with ``contains_erased_data`` and
+    ``erasure_ids`` added, and the artifacts the latest erasure mark names)."""
     if url:
-        snap = _Client(url, token).call("GET", f"/v1/snapshots/{version}")
+        client = _Client(url, token)
+        snap = client.call("GET", f"/v1/snapshots/{version}")
+        try:
+            marks = [client.call("GET", f"/v1/snapshots/{version}/erasure")]
+        except _RemoteError as exc:
+            if exc.status != 404:
+                raise
+            marks = []
     else:
-        snap = _lake().registry.get(version).snapshot
+        record = _lake().registry.get(version)
+        snap, marks = record.snapshot, [m.model_dump() for m in record.erasures]
+    if marks:
+        snap = {**snap, "artifacts": {**snap["artifacts"], **marks[-1]["artifacts"]}}
+    snap = {
+        **snap,
+        "contains_erased_data": bool(marks and marks[-1]["erased_rows"]),
+        "erasure_ids": [m["erasure_id"] for m in marks],
+    }
     _emit(snap, as_json, _render_snapshot)
 
 

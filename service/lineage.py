@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +52,8 @@ __all__ = ["MAX_STEPS_PER_VERSION", "SnapshotReader", "clip_lineage", "step_samp
 log = logging.getLogger("vidlake.service.lineage")
 
 MAX_STEPS_PER_VERSION = 10_000
+#: How long a cached record is trusted before its erasure marks are listed again.
+ERASURE_RECHECK_S = 5.0
 LINEAGE_ARTIFACT = "lineage.arrow"
 _SUMMARY_COLUMNS = frozenset({"row", "tier", "source", "source_tier", "license_id"})
 _CLIP_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -70,6 +73,7 @@ class SnapshotReader:
         self.cache_dir = Path(cache_dir)
         self._lock = threading.Lock()
         self._records: dict[int, SnapshotRecord] = {}
+        self._checked: dict[int, float] = {}
         self._snapshot_bytes: dict[int, bytes] = {}
         self._verified: set[str] = set()
         self._sha_locks: dict[str, threading.Lock] = {}
@@ -81,15 +85,43 @@ class SnapshotReader:
         return self.registry.versions()
 
     def record(self, version: int) -> SnapshotRecord:
-        """A version's verified record (NotFound when absent)."""
+        """A version's verified record (NotFound when absent).
+
+        Versions are immutable but an erasure can mark one (``manifests.erasure``): a
+        cached record is re-checked against the version's erasure marks (one listing)
+        at most every ``ERASURE_RECHECK_S`` seconds, and reloaded when one was added.
+        """
+        now = time.monotonic()
         with self._lock:
             hit = self._records.get(version)
-        if hit is not None:
+            fresh = now - self._checked.get(version, 0.0) < ERASURE_RECHECK_S
+        if hit is not None and (fresh or self.registry.erasure_count(version) == len(hit.erasures)):
+            with self._lock:
+                self._checked[version] = now
             return hit
         record = self.registry.get(version)
         with self._lock:
             self._records[version] = record
+            self._checked[version] = now
         return record
+
+    def forget(self, shas: Sequence[str]) -> None:
+        """Drop every cached record and the local copies of objects ``shas`` (artifacts
+        an erasure replaced: they hold erased rows and must not outlive it here)."""
+        with self._lock:
+            self._records.clear()
+            self._checked.clear()
+            self._views.clear()
+            for sha in shas:
+                self._verified.discard(sha)
+                self._tables.pop(sha, None)
+                self._tables.pop(f"summary:{sha}", None)
+        for sha in shas:
+            for path in (
+                self.cache_dir / "objects" / sha[:2] / sha,
+                self.cache_dir / "derived" / f"{sha}.summary.arrow",
+            ):
+                path.unlink(missing_ok=True)
 
     def snapshot_bytes(self, version: int) -> bytes:
         """The version's ``snapshot.json`` exactly as stored (verified by the registry)."""

@@ -128,6 +128,10 @@ class SnapshotPublic(_Out):
     inputs_sha256: str | None = Field(
         None, description="SHA-256 of the cut's inputs (recipe, resolved pin, code version)"
     )
+    contains_erased_data: bool = Field(
+        False, description="A hard-takedown erasure blanked rows of this version"
+    )
+    erasure_ids: list[str] = Field(default_factory=list, description="Erasures that marked it")
 
 
 class SnapshotsPublic(_Out):
@@ -241,6 +245,40 @@ class ClipLineage(_Out):
     captions: list[dict[str, Any]]
     latents: list[dict[str, Any]]
     snapshots: list[SnapshotServing]
+
+
+# -- erasures -------------------------------------------------------------------------
+class ErasureCreate(_In):
+    """Erase an asset's bytes (a hard takedown). The asset needs a hard tombstone,
+    unless ``tombstone`` asks for one to be recorded first."""
+
+    asset_id: str = Field(pattern=r"^[0-9a-f]{64}$", description="The asset to erase")
+    reason: str = Field("hard takedown", min_length=1, max_length=1000)
+    tombstone: bool = Field(
+        False, description="Record a hard tombstone (with this reason) before erasing"
+    )
+
+
+class ErasurePublic(_Out):
+    """An erasure: its request, and when done its audit record (what was erased)."""
+
+    erasure_id: str
+    asset_id: str
+    state: Literal["done", "incomplete"]
+    reason: str | None = None
+    requested_by: str | None = None
+    requested_at: str | None = None
+    completed_at: str | None = None
+    audit: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Rows, files, snapshots, objects, vectors and versions erased; "
+        "what could not be erased (adopted objects)",
+    )
+
+
+class ErasuresPublic(_Out):
+    data: list[ErasurePublic]
+    count: int
 
 
 # -- jobs ---------------------------------------------------------------------------

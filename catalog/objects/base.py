@@ -137,6 +137,11 @@ class ObjectStore(ABC):
     def delete(self, sha256: str, *, reason: str) -> bool:
         """Erase an object (hard takedowns only); logged with the reason. True if it existed."""
 
+    def abort_uploads(self, sha256: str) -> int:
+        """Abort unfinished uploads of object ``sha256`` (a killed multipart upload's
+        parts are invisible but hold bytes); how many. Stores without any: 0."""
+        return 0
+
     @abstractmethod
     def iter_objects(self) -> Iterator[ObjectInfo]:
         """Every stored object (for inventory and garbage collection)."""

@@ -412,6 +412,9 @@ class RefStore(ObjectStore):
     def delete(self, sha256: str, *, reason: str) -> bool:
         return self.inner.delete(sha256, reason=reason)
 
+    def abort_uploads(self, sha256: str) -> int:
+        return self.inner.abort_uploads(sha256)
+
     def iter_objects(self) -> Iterator[ObjectInfo]:
         return self.inner.iter_objects()
 

@@ -435,6 +435,23 @@ class S3ObjectStore(ObjectStore):
             self._call("delete", key, erase)
         return existed or bool(versions)
 
+    def abort_uploads(self, sha256: str) -> int:
+        key = self.key_of(sha256)
+        pages = self.client.get_paginator("list_multipart_uploads").paginate(
+            Bucket=self.bucket, Prefix=key
+        )
+        uploads = self._call(
+            "delete",
+            key,
+            lambda: [u["UploadId"] for p in pages for u in p.get("Uploads", []) if u["Key"] == key],
+        )
+        for upload_id in uploads:
+            abort = functools.partial(
+                self.client.abort_multipart_upload, Bucket=self.bucket, Key=key, UploadId=upload_id
+            )
+            self._call("delete", key, abort)
+        return len(uploads)
+
     def iter_objects(self) -> Iterator[ObjectInfo]:
         base = f"{self.prefix}/{OBJECTS_DIR}/" if self.prefix else f"{OBJECTS_DIR}/"
         for item in self._list(base):

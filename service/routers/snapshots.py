@@ -83,6 +83,8 @@ def snapshot_public(record: SnapshotRecord, pinned: bool = False) -> SnapshotPub
         artifacts={name: ref.model_dump() for name, ref in record.artifacts.items()},
         pinned=pinned,
         inputs_sha256=snapshot_inputs_sha256(snap),
+        contains_erased_data=record.contains_erased_data,
+        erasure_ids=[m.erasure_id for m in record.erasures],
     )
 
 

@@ -56,6 +56,10 @@ MATRIX: list[tuple[str, str, Any, str]] = [
     ("POST", "/v1/snapshots/1/patch", {"reason": "x"}, "cut"),
     ("POST", "/v1/snapshots/999/pin", {"reason": "x"}, "cut"),
     ("DELETE", "/v1/snapshots/999/pin", None, "cut"),
+    ("GET", "/v1/snapshots/1/erasure", None, "read"),
+    ("GET", "/v1/erasures", None, "read"),
+    ("GET", "/v1/erasures/er_" + "0" * 24, None, "read"),
+    ("POST", "/v1/erasures", {"asset_id": "nope"}, "admin"),
 ]
 
 
