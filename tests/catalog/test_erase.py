@@ -22,9 +22,8 @@ from manifests.erasure import erase_versions
 from manifests.registry import Registry
 from materializer.cut import cut_snapshot
 from materializer.recipe import load_recipe
+from tests.fixtures.recipes import small_corpus_demo
 
-REPO = Path(__file__).resolve().parents[2]
-DEMO_RECIPE = REPO / "docs" / "recipes" / "demo.yaml"
 CAPTION_MARKER = "ZQXV-ERASE-CAPTION-MARKER"
 
 
@@ -38,7 +37,7 @@ class Lake:
         self.catalog = VidlakeCatalog.open(config)
         self.registry = Registry(self.catalog.objects)
         generate_corpus(self.catalog, assets=60, seed=5, latents="packed")
-        recipe = load_recipe(DEMO_RECIPE)
+        recipe = load_recipe(small_corpus_demo())  # 60 assets: repeats allowed
         first = cut_snapshot(self.catalog, self.registry, recipe)
         index = _index(self.registry, first.version)
         # The asset of the first row: a train asset the demo recipe selects.
@@ -234,7 +233,7 @@ def test_the_erased_versions_are_marked_and_a_new_cut_works(lake: Lake) -> None:
     erased = record.erasures[-1].erased_rows
     assert erased and all(index["asset_id"][r].as_py() == "" for r in erased)
     assert lake.asset not in index["asset_id"].to_pylist()
-    nxt = cut_snapshot(lake.catalog, lake.registry, load_recipe(DEMO_RECIPE))
+    nxt = cut_snapshot(lake.catalog, lake.registry, load_recipe(small_corpus_demo()))
     assert lake.asset not in _index(lake.registry, nxt.version)["asset_id"].to_pylist()
 
 
