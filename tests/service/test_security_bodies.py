@@ -194,6 +194,14 @@ def test_an_arrow_body_with_no_schema_is_422(small: TestClient) -> None:
     assert_error(r, 422, "invalid_batch")
 
 
+def test_an_arrow_stream_repeating_a_column_is_422(small: TestClient) -> None:
+    table = pa.Table.from_pylist([asset(950)])
+    twice = table.append_column("asset_id", pa.array([asset(951)["asset_id"]]))
+    r = small.post("/v1/assets", content=arrow_stream(twice), headers={"Content-Type": ARROW})
+    error = assert_error(r, 422, "invalid_batch")
+    assert error["details"]["field"] == "asset_id" and "twice" in error["message"]
+
+
 def test_non_integral_numbers_for_integer_columns_are_422(small: TestClient) -> None:
     error = assert_error(small.post("/v1/assets", json=[asset(900, size=1.5)]), 422)
     assert error["details"] == {"row": 0, "field": "size"}
