@@ -19,6 +19,7 @@ the registry's ``conflict``, as before.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +47,7 @@ def submit_cut(
     services: Services, recipe: Recipe, *, new_version: bool, owner: str | None
 ) -> CutOutcome:
     """Answer a cut request (see the module docstring)."""
-    from materializer.cut import code_version, resolve_pin
+    from materializer.cut import check_plan_fits, code_version, resolve_pin
     from materializer.validate import check_recipe
 
     catalog, registry, cut = services.catalog, services.registry, services.cut
@@ -59,6 +60,7 @@ def submit_cut(
             return CutOutcome(record=found)
     # The job would fail on it anyway; refusing now starts no job (a 422 to the caller).
     check_recipe(catalog, recipe, pin)
+    check_plan_fits(recipe, tempfile.gettempdir())
 
     def run(progress: Any) -> dict[str, Any]:
         record = cut(catalog, registry, recipe, progress, pin=pin)
