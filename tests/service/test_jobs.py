@@ -249,8 +249,9 @@ def test_bad_recipes_start_no_job(cut_client: TestClient) -> None:
         assert error["details"]["path"] == "streams[2].where"
     # Valid everywhere, but its plan would fill the disk.
     huge = {**REAL_RECIPE, "phases": [{**REAL_RECIPE["phases"][0], "steps": 10**12}]}
-    error = assert_error(cut_client.post("/v1/snapshots", json={"recipe": huge}), 422)
-    assert error["details"]["path"] == "phases[0].steps"
+    for path in ("/v1/snapshots", "/v1/recipes:validate"):
+        error = assert_error(cut_client.post(path, json={"recipe": huge}), 422)
+        assert error["details"]["path"] == "phases[0].steps"
     assert cut_client.get("/v1/jobs").json()["count"] == before
     assert_error(cut_client.get("/v1/jobs", params={"state": "exploded"}), 422)
 
