@@ -883,7 +883,9 @@ class VidlakeCatalog:
         index = rules.sorted_index(digests) if digests is not None else None
         if spec.name == "assets":
             frames, lengths = rules.fingerprint_matrix(rows["fingerprint"], self._rule.window)
-            bitrate = _np(pc.cast(rows["probe_bitrate"], pa.float64())).astype(np.float64)
+            bitrate = _np(pc.cast(rows["probe_bitrate"], pa.float64(), safe=False)).astype(
+                np.float64
+            )
             data = rows.select(["asset_id", "split", "duplicate_of", "near_duplicates"])
             derived = {"frames": frames, "lengths": lengths, "bitrate": bitrate}
             return _Cached(None, data.combine_chunks(), derived, index)
@@ -1287,7 +1289,7 @@ def _latent_key(*cols: pa.ChunkedArray | pa.Array) -> pa.Array:
 def _bitrates(rows: pa.Table) -> NDArray[np.float64]:
     if "probe_bitrate" not in rows.column_names:
         return np.full(rows.num_rows, np.nan)
-    return _np(pc.cast(rows["probe_bitrate"], pa.float64())).astype(np.float64)
+    return _np(pc.cast(rows["probe_bitrate"], pa.float64(), safe=False)).astype(np.float64)
 
 
 def _warehouse(location: str) -> str:

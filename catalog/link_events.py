@@ -190,7 +190,7 @@ def _ids(col: pa.ChunkedArray | pa.Array) -> pa.Array:
 
 def _rates(rows: pa.Table) -> NDArray[np.float64]:
     return np.asarray(
-        pc.cast(rows["probe_bitrate"], pa.float64()).to_numpy(zero_copy_only=False),
+        pc.cast(rows["probe_bitrate"], pa.float64(), safe=False).to_numpy(zero_copy_only=False),
         dtype=np.float64,
     )
 

@@ -650,7 +650,9 @@ def asset_status(assets: pa.Table, tombstones: pa.Table, events: pa.Table) -> pa
             len(nodes), np.searchsorted(nodes, u), np.searchsorted(nodes, v)
         )
         rate = np.asarray(
-            pc.cast(assets["probe_bitrate"], pa.float64()).to_numpy(zero_copy_only=False),
+            pc.cast(assets["probe_bitrate"], pa.float64(), safe=False).to_numpy(
+                zero_copy_only=False
+            ),
             dtype=np.float64,
         )
         node_ids = np.asarray(ids.take(pa.array(nodes)).to_pylist(), dtype="U64")

@@ -216,3 +216,14 @@ def test_canonical_dtype_names() -> None:
         "uint8",
     ]
     assert canonical_dtype("float") is None and canonical_dtype(3) is None
+
+
+def test_a_bitrate_beyond_2_53_does_not_poison_later_asset_batches(tmp_path: Path) -> None:
+    """The near-duplicate rule reads bitrates as float64. A safe cast refused any int64
+    over 2**53 once such an asset was stored, so every later asset batch was a 500."""
+    probe = {"codec": "h264", "width": 1280, "height": 720, "bitrate": 2**63 - 1}
+    with VidlakeCatalog.open(CatalogConfig.embedded(tmp_path)) as cat:
+        cat.add_assets([asset("huge-bitrate", probe=probe)])
+        assert cat.add_assets([asset("after")]).inserted == 1
+    with VidlakeCatalog.open(CatalogConfig.embedded(tmp_path)) as cat:  # a cold cache
+        assert cat.add_assets([asset("after-reopen")]).inserted == 1
