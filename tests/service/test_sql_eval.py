@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from catalog.tables import TABLE_NAMES
 from service.app import create_app
+from tests.catalog._latents import safetensors_bytes
 from tests.service.support import TestClient, World, bearer, build_world, write_tokens
 
 READ, EVAL = bearer("tok-read"), bearer("tok-eval")
@@ -78,7 +79,11 @@ def _extend(world: World) -> None:
         world.clip_split[clip_id] = "eval" if asset_id == late_eval else "train"
     latents = []
     for clip_id in sorted(late):
-        put = catalog.objects.put_bytes(f"late latent of {clip_id}".encode() * 10)
+        # A real safetensors latent, distinct per clip: ingest reads each header.
+        latent = safetensors_bytes(
+            {"latent": ("BF16", [4, 12, 4, 4])}, header={"__metadata__": {"late": clip_id}}
+        )
+        put = catalog.objects.put_bytes(latent)
         world.latent_object[clip_id] = put.info.sha256
         latents.append(
             {"clip_id": clip_id, "rung": "256p", "tokenizer_version": "vae-v1"}
