@@ -619,20 +619,26 @@ def _probe_get(row: int, r: Mapping[str, Any], sub: str) -> Any:
 
 def _columns_from_table(data: pa.Table, target: pa.Schema) -> dict[str, Any]:
     cols: dict[str, Any] = {}
-    for name in data.column_names:
-        col = data[name]
+
+    def put(name: str, col: Any) -> None:
+        # Two columns for one field (a repeated name, or ``probe.width`` next to
+        # ``probe_width``): which one would win is arbitrary, so neither does.
+        if name in cols:
+            raise _bad(0, name, "the column is given twice")
+        cols[name] = _cast(name, col, target.field(name).type)
+
+    for i, name in enumerate(data.column_names):
+        col = data.column(i)  # by position: a repeated name is not an index
         if name == "probe" and pa.types.is_struct(col.type) and "probe_width" in target.names:
-            sub_names = [col.type.field(i).name for i in range(col.type.num_fields)]
+            sub_names = [col.type.field(j).name for j in range(col.type.num_fields)]
             for sub in sub_names:
                 if sub not in PROBE_FIELDS:
                     raise _bad(0, "probe", f"unknown probe field {sub!r}")
-                cols[f"probe_{sub}"] = _cast(
-                    f"probe_{sub}", pc.struct_field(col, sub), target.field(f"probe_{sub}").type
-                )
+                put(f"probe_{sub}", pc.struct_field(col, sub))
             continue
         if name not in target.names:
             raise _bad(0, name, "unknown column")
-        cols[name] = _cast(name, col, target.field(name).type)
+        put(name, col)
     return cols
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from importlib import metadata
@@ -109,12 +110,50 @@ def cut_snapshot(
         Conflict: Another cutter claimed the version first; nothing was registered.
     """
     report = progress or (lambda stage, fraction: None)
+    check_plan_fits(recipe, workdir or tempfile.gettempdir())
     with tempfile.TemporaryDirectory(prefix="vidlake-cut-", dir=workdir) as tmp:
         artifacts, snapshot = build_artifacts(catalog, recipe, Path(tmp), progress=report, pin=pin)
         report("publish", 0.0)
         record = registry.publish(artifacts, snapshot, parent=registry.next_parent())
         report("publish", 1.0)
     return record
+
+
+#: Bytes a cut writes per plan row (the row in ``plan.arrow`` and its step in
+#: ``lineage.arrow``, int64 each) and per step (step, phase, bucket, offsets, epochs).
+PLAN_ROW_BYTES, PLAN_STEP_BYTES = 16, 64
+
+
+def check_plan_fits(recipe: Recipe, directory: str | os.PathLike[str]) -> None:
+    """Refuse, before any work, a recipe whose step plan cannot fit on the disk.
+
+    A phase's plan has at most ``steps`` x its largest global batch rows; the cut
+    writes them (plan and lineage) into ``directory`` before publishing. A recipe
+    of a trillion steps is well formed, and would otherwise write until the disk is
+    full. Phases ended by ``token_budget`` are bounded by the corpus's tokens instead.
+
+    Raises:
+        InvalidRecipe: ``path`` names the phase with the most rows.
+    """
+    need, largest, at = 0, 0, "phases"
+    for i, phase in enumerate(recipe.phases):
+        if phase.steps is None:
+            continue
+        batch = max([phase.global_batch.default, *phase.global_batch.overrides.values()])
+        rows = phase.steps * batch
+        need += rows * PLAN_ROW_BYTES + phase.steps * PLAN_STEP_BYTES
+        if rows > largest:
+            largest, at = rows, f"phases[{i}].steps"
+    free = shutil.disk_usage(directory).free
+    if need > free:
+        raise InvalidRecipe(
+            f"the step plan would take up to {need / 2**30:,.1f} GiB (phase "
+            f"{at}: up to {largest:,} rows) and the cut's work directory has "
+            f"{free / 2**30:,.1f} GiB free",
+            path=at,
+            need_bytes=need,
+            free_bytes=free,
+        )
 
 
 def build_artifacts(

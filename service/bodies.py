@@ -133,6 +133,17 @@ def decode_batch(
     return _json_rows(body, limits, columns)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are distinct: with a key given twice, which value counts
+    differs between parsers (Python's last, others' first), so neither does."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise InvalidBatch(f"key {key!r} is given twice in one object", row=None, field=key)
+    return obj
+
+
 def _json_rows(body: bytes, limits: BodyLimits, columns: int) -> list[dict[str, Any]]:
     if len(body) > limits.max_json_body_bytes:
         raise _too_large(limits.max_json_body_bytes, media="application/json")
@@ -145,7 +156,7 @@ def _json_rows(body: bytes, limits: BodyLimits, columns: int) -> list[dict[str, 
             what="json_values",
         )
     try:
-        rows = json.loads(body)
+        rows = json.loads(body, object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError) as exc:
         raise InvalidBatch(f"the body is not valid JSON: {exc}", row=None, field=None) from None
     if not isinstance(rows, list):

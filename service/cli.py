@@ -102,7 +102,12 @@ class _Client:
         self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=60.0)
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self.http.request(method, path, **kwargs)
+        import httpx
+
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:  # refused, unresolvable, timed out
+            raise _RemoteError(0, f"cannot reach {self.http.base_url}: {exc}", None) from exc
         body = response.json() if response.content else None
         if response.status_code >= 400:
             error = (body or {}).get("error", {}) if isinstance(body, dict) else {}
@@ -145,7 +150,8 @@ def main() -> None:
         err.print(f"[red]error[/red] ({exc.code}): {exc.message}")
         sys.exit(2 if isinstance(exc, InvalidInput) else 1)
     except _RemoteError as exc:
-        err.print(f"[red]error[/red] (HTTP {exc.status}): {exc}")
+        where = f"HTTP {exc.status}" if exc.status else "connection"
+        err.print(f"[red]error[/red] ({where}): {exc}")
         sys.exit(2 if 400 <= exc.status < 500 else 1)
 
 
@@ -180,24 +186,30 @@ def _read_rows(path: Path) -> Any:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if not path.is_file():
+    if not path.exists():
         raise InvalidInput(f"{path}: no such file", path=str(path))
+    if not path.is_file():
+        raise InvalidInput(f"{path}: not a file", path=str(path))
     suffix = path.suffix.lower()
-    if suffix == ".parquet":
-        return pq.read_table(path)
-    if suffix in (".arrow", ".arrows", ".ipc"):
-        with pa.OSFile(str(path)) as f:
-            try:
-                return pa.ipc.open_file(f).read_all()
-            except pa.ArrowInvalid:
-                f.seek(0)
-                return pa.ipc.open_stream(f).read_all()
-    text = path.read_text()
     try:
+        if suffix == ".parquet":
+            return pq.read_table(path)
+        if suffix in (".arrow", ".arrows", ".ipc"):
+            with pa.OSFile(str(path)) as f:
+                try:
+                    return pa.ipc.open_file(f).read_all()
+                except pa.ArrowInvalid:
+                    f.seek(0)
+                    return pa.ipc.open_stream(f).read_all()
+    except (pa.ArrowException, OSError) as exc:
+        what = "Parquet" if suffix == ".parquet" else "Arrow IPC"
+        raise InvalidInput(f"{path}: not a readable {what} file: {exc}", path=str(path)) from exc
+    try:
+        text = path.read_text()
         if suffix == ".jsonl":
             return [json.loads(line) for line in text.splitlines() if line.strip()]
         rows = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise InvalidInput(f"{path}: not valid JSON: {exc}", path=str(path)) from exc
     if not isinstance(rows, list):
         raise InvalidInput(f"{path}: expected a JSON array of rows", path=str(path))

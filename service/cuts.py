@@ -9,7 +9,9 @@ version). Then, unless the caller asks for a new version:
 2. else a cut job with that key that is queued, running or has succeeded is joined
    (:meth:`service.jobs.JobRunner.submit_once`, atomic across threads and processes;
    a succeeded one answers with its version);
-3. else a new job cuts at exactly the resolved pin.
+3. else the recipe is checked against the catalog at that pin
+   (:func:`materializer.validate.check_recipe`: a typo'd model, filter version or
+   stream is a 422 that starts no job), and a new job cuts at exactly that pin.
 
 A job that loses the race for a version number to a *different* cut still fails with
 the registry's ``conflict``, as before.
@@ -17,6 +19,7 @@ the registry's ``conflict``, as before.
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,7 +47,8 @@ def submit_cut(
     services: Services, recipe: Recipe, *, new_version: bool, owner: str | None
 ) -> CutOutcome:
     """Answer a cut request (see the module docstring)."""
-    from materializer.cut import code_version, resolve_pin
+    from materializer.cut import check_plan_fits, code_version, resolve_pin
+    from materializer.validate import check_recipe
 
     catalog, registry, cut = services.catalog, services.registry, services.cut
     pin = resolve_pin(catalog, recipe)
@@ -54,6 +58,9 @@ def submit_cut(
         found = find_published(reader.versions(), reader.record, key)
         if found is not None:
             return CutOutcome(record=found)
+    # The job would fail on it anyway; refusing now starts no job (a 422 to the caller).
+    check_recipe(catalog, recipe, pin)
+    check_plan_fits(recipe, tempfile.gettempdir())
 
     def run(progress: Any) -> dict[str, Any]:
         record = cut(catalog, registry, recipe, progress, pin=pin)

@@ -3,6 +3,7 @@ artifacts, step forensics, patch, pin and diff."""
 
 from __future__ import annotations
 
+import tempfile
 from typing import Annotated, Any
 
 import pyarrow.dataset as ds
@@ -97,11 +98,14 @@ def snapshot_public(record: SnapshotRecord, pinned: bool = False) -> SnapshotPub
     summary="Validate a recipe (YAML/JSON text or a mapping) against the catalog, without cutting",
 )
 def validate_recipe(body: SnapshotCreate, services: Svc, principal: Reader) -> RecipeValidatePublic:
+    from materializer.cut import check_plan_fits
     from materializer.validate import check_recipe
 
     recipe = _load_recipe(body.recipe)
-    # Syntax first, then every value the recipe names against the catalog at its pin.
+    # Syntax first, then every value the recipe names against the catalog at its pin,
+    # then what a cut checks before it starts.
     check = check_recipe(services.catalog, recipe)
+    check_plan_fits(recipe, tempfile.gettempdir())
     return RecipeValidatePublic(
         valid=True,
         name=recipe.name,

@@ -370,3 +370,21 @@ def _mkdir(path: Path) -> Path:
 
 def _recipe_dict(recipe: Recipe) -> dict[str, Any]:
     return json.loads(recipe.to_canonical_json())  # type: ignore[no-any-return]
+
+
+def test_a_plan_too_large_for_the_disk_is_refused_before_any_work(
+    lake: tuple[VidlakeCatalog, Path], recipe: Recipe, tmp_path: Path
+) -> None:
+    """A trillion steps is a well-formed recipe; its cut wrote GiB of plan a second
+    into the work directory until the disk was full (and left it there when killed)."""
+    catalog, _ = lake
+    data = _recipe_dict(recipe)
+    data["phases"][1]["steps"] = 10**12
+    registry = Registry(catalog.objects)
+    before = registry.versions()
+    work = _mkdir(tmp_path / "work")
+    with pytest.raises(InvalidRecipe, match="GiB free") as err:
+        cut_snapshot(catalog, registry, load_recipe(data), workdir=work)
+    assert err.value.details["path"] == "phases[1].steps"
+    assert err.value.details["need_bytes"] > err.value.details["free_bytes"]
+    assert list(work.iterdir()) == [] and registry.versions() == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -96,6 +97,24 @@ def test_bad_input_is_one_clean_line_and_exit_2(home: Path, tmp_path: Path) -> N
 
     unknown = _vidlake(home, "ingest", "nosuchtable", str(RECIPE))
     assert unknown.returncode == 2 and "unknown table" in unknown.stderr
+
+    for name, content in [("g.parquet", b"\x00garbage"), ("g.arrow", b"ARROW1\x00\x00junk")]:
+        (tmp_path / name).write_bytes(content)
+        corrupt = _vidlake(home, "ingest", "scores", str(tmp_path / name))
+        assert corrupt.returncode == 2 and "Traceback" not in corrupt.stderr, corrupt.stderr
+        assert "not a readable" in corrupt.stderr
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe[")
+    binary = _vidlake(home, "ingest", "scores", str(tmp_path / "binary.json"))
+    assert binary.returncode == 2 and "not valid JSON" in binary.stderr, binary.stderr
+    directory = _vidlake(home, "ingest", "scores", str(tmp_path))
+    assert directory.returncode == 2 and "not a file" in directory.stderr
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = _vidlake(home, "snapshots", "--url", f"http://127.0.0.1:{port}")
+    assert down.returncode == 1 and "Traceback" not in down.stderr, down.stderr
+    assert "cannot reach" in down.stderr
 
 
 def test_validate_checks_the_recipe_against_the_catalog(home: Path, tmp_path: Path) -> None:

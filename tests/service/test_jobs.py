@@ -191,12 +191,14 @@ def poll(client: TestClient, job_id: str, timeout: float = 20.0) -> dict[str, An
 
 def test_cut_job_round_trip(cut_client: TestClient) -> None:
     before = cut_client.get("/v1/snapshots").json()["count"]
-    r = cut_client.post("/v1/snapshots", json={"recipe": RECIPE.read_text()})
+    # Its own description: the fake cut's version must not answer the real cut below.
+    recipe = {**REAL_RECIPE, "description": "round trip"}
+    r = cut_client.post("/v1/snapshots", json={"recipe": recipe})
     assert r.status_code == 202, r.text
     job = r.json()
     assert r.headers["location"] == f"/v1/jobs/{job['id']}"
     assert job["kind"] == "cut" and job["state"] in ("queued", "running")
-    assert job["params"]["recipe_name"] == "warmup-256p"
+    assert job["params"]["recipe_name"] == "svc-real-cut"
     done = poll(cut_client, job["id"])
     assert done["state"] == "succeeded" and done["progress"] == 1.0, done
     version = done["result"]["version"]
@@ -208,10 +210,8 @@ def test_cut_job_round_trip(cut_client: TestClient) -> None:
 
 
 def test_racing_cuts_one_wins_one_reports_conflict(cut_client: TestClient) -> None:
-    import yaml
 
-    recipe = yaml.safe_load(RECIPE.read_text())
-    recipe["description"] = "race"
+    recipe = {**REAL_RECIPE, "description": "race"}
     # Identical requests would share one job: asking for new versions makes two cuts.
     jobs = [
         cut_client.post("/v1/snapshots", json={"recipe": recipe, "new_version": True}).json()
@@ -232,6 +232,26 @@ def test_bad_recipes_start_no_job(cut_client: TestClient) -> None:
     assert "path" in error["details"]
     assert_error(cut_client.post("/v1/snapshots", json={"recipe": str(RECIPE)}), 422)
     assert_error(cut_client.post("/v1/snapshots", json={"recipe": "a: [unclosed"}), 422)
+    # Well formed but wrong for this catalog (a tokenizer, a stream matching nothing):
+    # refused when asked, as recipes:validate does, not by a job that fails later.
+    wrong = assert_error(
+        cut_client.post("/v1/snapshots", json={"recipe": RECIPE.read_text()}), 422, "invalid_recipe"
+    )
+    assert wrong["details"]["path"] == "tokenizer_version"
+    typo = {
+        **REAL_RECIPE,
+        "streams": [*REAL_RECIPE["streams"], {"name": "c", "where": "source = 'x'"}],
+    }
+    typo["phases"] = [{**REAL_RECIPE["phases"][0], "weights": {"a": 0.4, "b": 0.3, "c": 0.3}}]
+    for new_version in (False, True):
+        body = {"recipe": typo, "new_version": new_version}
+        error = assert_error(cut_client.post("/v1/snapshots", json=body), 422, "invalid_recipe")
+        assert error["details"]["path"] == "streams[2].where"
+    # Valid everywhere, but its plan would fill the disk.
+    huge = {**REAL_RECIPE, "phases": [{**REAL_RECIPE["phases"][0], "steps": 10**12}]}
+    for path in ("/v1/snapshots", "/v1/recipes:validate"):
+        error = assert_error(cut_client.post(path, json={"recipe": huge}), 422)
+        assert error["details"]["path"] == "phases[0].steps"
     assert cut_client.get("/v1/jobs").json()["count"] == before
     assert_error(cut_client.get("/v1/jobs", params={"state": "exploded"}), 422)
 

@@ -160,11 +160,12 @@ def test_arrow_within_the_limits_is_accepted(small: TestClient) -> None:
         "source_tier",
         table.column("source_tier").dictionary_encode(),
     )
-    # A key of its own, so the catalog's row dedupe answers rather than a batch replay.
-    headers = {"Content-Type": ARROW, "Idempotency-Key": "dictionary-body"}
+    # The same rows, so the same canonical bytes: without a key of its own it would be
+    # a replay of the first batch (the first response, "replayed": true).
+    headers = {"Content-Type": ARROW, "Idempotency-Key": "dictionary-columns"}
     r = small.post("/v1/assets", content=arrow_stream(dictionary), headers=headers)
     assert r.status_code == 200, r.text
-    assert r.json()["duplicates"] == 50 and not r.json()["replayed"]
+    assert (r.json()["duplicates"], r.json()["replayed"]) == (50, False)
 
 
 def test_dictionary_expansion_counts_as_decoded_bytes(small: TestClient) -> None:
@@ -194,6 +195,21 @@ def test_a_truncated_arrow_stream_is_422(small: TestClient, cut: int) -> None:
 def test_an_arrow_body_with_no_schema_is_422(small: TestClient) -> None:
     r = small.post("/v1/assets", content=b"", headers={"Content-Type": ARROW})
     assert_error(r, 422, "invalid_batch")
+
+
+def test_a_json_row_repeating_a_key_is_422(small: TestClient) -> None:
+    row = json.dumps(asset(960))[:-1] + ', "size": 99}'
+    r = small.post("/v1/assets", content=f"[{row}]", headers={"Content-Type": "application/json"})
+    error = assert_error(r, 422, "invalid_batch")
+    assert error["details"]["field"] == "size" and "twice" in error["message"]
+
+
+def test_an_arrow_stream_repeating_a_column_is_422(small: TestClient) -> None:
+    table = pa.Table.from_pylist([asset(950)])
+    twice = table.append_column("asset_id", pa.array([asset(951)["asset_id"]]))
+    r = small.post("/v1/assets", content=arrow_stream(twice), headers={"Content-Type": ARROW})
+    error = assert_error(r, 422, "invalid_batch")
+    assert error["details"]["field"] == "asset_id" and "twice" in error["message"]
 
 
 def test_non_integral_numbers_for_integer_columns_are_422(small: TestClient) -> None:
