@@ -384,9 +384,14 @@ def _render_erasure(e: dict[str, Any]) -> None:
 
 def _job_remote(client: _Client, path: str, body: Any, *, progress: bool) -> Any:
     """Start a job with ``POST path`` and follow it; its result, or the failure raised."""
+    return _follow_job(client, client.call("POST", path, json=body)["id"], progress=progress)
+
+
+def _follow_job(client: _Client, job_id: str, *, progress: bool) -> Any:
+    """Poll job ``job_id`` with a progress bar; its result, or the failure raised
+    (409 for a conflict, else 422)."""
     import time
 
-    job_id = client.call("POST", path, json=body)["id"]
     with _progress(progress) as report:
         while True:
             state = client.call("GET", f"/v1/jobs/{job_id}")
@@ -484,29 +489,11 @@ def validate(
 
 
 def _cut_remote(client: _Client, recipe: Any, *, new_version: bool, progress: bool) -> Any:
-    import time
-
     body = {"recipe": json.loads(recipe.to_canonical_json()), "new_version": new_version}
     job = client.call("POST", "/v1/snapshots", json=body)
     if "id" not in job:  # 200: a published version already has these inputs
         return client.call("GET", f"/v1/snapshots/{job['version']}")
-    job_id = job["id"]
-    with _progress(progress) as report:
-        while True:
-            state = client.call("GET", f"/v1/jobs/{job_id}")
-            if state.get("stage"):
-                report(state["stage"], float(state.get("progress") or 0.0))
-            if state["state"] in ("succeeded", "failed"):
-                break
-            time.sleep(0.25)
-    if state["state"] == "failed":
-        error = state.get("error") or {}
-        raise _RemoteError(
-            409 if error.get("code") == "conflict" else 422,
-            error.get("message", "cut failed"),
-            state,
-        )
-    version = state["result"]["version"]
+    version = _follow_job(client, job["id"], progress=progress)["version"]
     return client.call("GET", f"/v1/snapshots/{version}")
 
 
