@@ -141,13 +141,18 @@ def _principal(file: Path, key: Any, entry: Any) -> Principal:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address (``localhost`` counts)."""
+    """Whether ``host`` is a loopback address (``localhost`` counts, and so does an
+    IPv4 loopback address mapped into IPv6, ``::ffff:127.0.0.1``, as a dual-stack
+    socket reports IPv4 clients)."""
     if host.lower() == "localhost":
         return True
     try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
+        address = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
 
 
 def check_host(host: str, tokens: Mapping[str, Principal]) -> None:

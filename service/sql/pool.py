@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import pickle
 import shutil
@@ -32,6 +33,8 @@ from catalog.errors import InvalidSQL, VidlakeError
 from service.sql.worker import BOOT, Job
 
 __all__ = ["SandboxBusy", "WorkerPool", "parse_bytes"]
+
+log = logging.getLogger("vidlake.sql")
 
 #: How long past its deadline a worker may take to answer before it is killed.
 GRACE_S = 0.5
@@ -275,6 +278,7 @@ class WorkerPool:
         try:
             worker = self._start()
         except Exception:  # a failed background start leaves the next run to retry
+            log.warning("starting a spare SQL sandbox worker failed", exc_info=True)
             return
         self._release(worker, healthy=True)
 

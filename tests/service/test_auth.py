@@ -168,7 +168,11 @@ def test_tokens_file_formats_and_errors(tmp_path: Path) -> None:
 
 def test_open_mode_only_on_loopback(tmp_path: Path, world: World) -> None:
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.8.9.1", "::1", "[::1]", "localhost"))
-    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.7", "example.com"))
+    # A dual-stack socket reports IPv4 clients mapped into IPv6.
+    assert is_loopback("::ffff:127.0.0.1") and is_loopback("[::ffff:127.3.2.1]")
+    assert not any(
+        is_loopback(h) for h in ("0.0.0.0", "::", "10.0.0.7", "example.com", "::ffff:10.0.0.7")
+    )
     check_host("127.0.0.1", {})
     with pytest.raises(InvalidInput) as info:
         check_host("0.0.0.0", {})
