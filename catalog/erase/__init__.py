@@ -115,6 +115,7 @@ def erase_asset(
         spec = _table_spec(name, asset_id, plan["clip_ids"], packs["packs"])
         tables[name] = erase_rows(functools.partial(catalog.iceberg_table, name), spec, store, eid)
     expired = {name: t["snapshots_expired"] for name, t in tables.items()}
+    expired.update(_expiring_embedding_versions(catalog, asset_id, eid))
     report("versions", 0.6)
     version_summary = dict(versions(plan, packs["packs"], expired, report)) if versions else {}
     report("vectors", 0.8)
@@ -230,17 +231,49 @@ def repoint(rows: pa.Table, packs: Mapping[str, Any]) -> pa.Table:
     return out
 
 
-def _erase_vectors(catalog: VidlakeCatalog, asset_id: str, eid: str) -> dict[str, int]:
-    """Record which LanceDB tables hold the asset, then delete and clean them up."""
-    from catalog.embeddings import asset_vector_counts, erase_asset_vectors
+def _vector_tables(catalog: VidlakeCatalog, asset_id: str, eid: str) -> dict[str, int]:
+    """The LanceDB tables that hold the asset's vectors (rows per table), recorded
+    create-only before anything is deleted, so that every rerun sees the same set."""
+    from catalog.embeddings import asset_vector_counts
 
     key = record_key(eid, "vectors.json")
     found = get_record(catalog.objects, key)
     if found is None:
         counts = asset_vector_counts(catalog.config.lance, asset_id)
         found = put_once(catalog.objects, key, {"tables": counts})
-    erase_asset_vectors(catalog.config.lance, asset_id, sorted(found["tables"]))
     return {str(k): int(v) for k, v in found["tables"].items()}
+
+
+def _expiring_embedding_versions(
+    catalog: VidlakeCatalog, asset_id: str, eid: str
+) -> dict[str, list[int]]:
+    """Pin keys (``embeddings/<model>``) of the models whose table holds the asset,
+    each with every version the vector step removes (all but the one it writes).
+    Recorded create-only before the vector step, so that a rerun after it does not
+    count the rewritten version (or one a later cut pinned) as expired."""
+    from catalog.embeddings import EmbeddingIndex, list_models, table_name_for
+    from catalog.pins import embedding_key
+
+    key = record_key(eid, "embedding_versions.json")
+    found = get_record(catalog.objects, key)
+    if found is None:
+        tables = _vector_tables(catalog, asset_id, eid)
+        expiring = {}
+        for model in list_models(catalog.config.lance):
+            if model in tables or table_name_for(model) in tables:
+                latest = EmbeddingIndex(catalog.config.lance, model).version or 0
+                expiring[embedding_key(model)] = list(range(latest + 1))
+        found = put_once(catalog.objects, key, {"expiring": expiring})
+    return {str(k): [int(v) for v in vs] for k, vs in found["expiring"].items()}
+
+
+def _erase_vectors(catalog: VidlakeCatalog, asset_id: str, eid: str) -> dict[str, int]:
+    """Delete the asset's vectors from the tables that hold them, and clean them up."""
+    from catalog.embeddings import erase_asset_vectors
+
+    tables = _vector_tables(catalog, asset_id, eid)
+    erase_asset_vectors(catalog.config.lance, asset_id, sorted(tables))
+    return tables
 
 
 def _delete_objects(
