@@ -533,6 +533,11 @@ def _cast(name: str, values: pa.Array | pa.ChunkedArray, typ: pa.DataType) -> pa
     chunked = values if isinstance(values, pa.ChunkedArray) else pa.chunked_array([values])
     if chunked.type == typ:
         return chunked
+    if _is_text(chunked.type) and _is_number(typ):
+        # Arrow would parse "12" into 12; a JSON body with "12" is refused. One rule for
+        # both: numbers arrive as numbers (times may still be ISO strings, as in JSON).
+        row = _first_false(pc.is_null(chunked)) if chunked.null_count else 0
+        raise _bad(row, name, f"a {chunked.type} column cannot fill {typ}: send numbers")
     # Timestamps below a microsecond are truncated (Iceberg stores microseconds).
     safe = not pa.types.is_timestamp(typ)
     try:
@@ -544,6 +549,26 @@ def _cast(name: str, values: pa.Array | pa.ChunkedArray, typ: pa.DataType) -> pa
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
                 raise _bad(i, name, f"cannot convert {value!r} to {typ}") from exc
         raise _bad(None, name, f"cannot convert {chunked.type} to {typ}") from exc
+
+
+def _is_text(typ: pa.DataType) -> bool:
+    if pa.types.is_dictionary(typ):
+        typ = typ.value_type
+    return bool(
+        pa.types.is_string(typ)
+        or pa.types.is_large_string(typ)
+        or pa.types.is_binary(typ)
+        or pa.types.is_large_binary(typ)
+    )
+
+
+def _is_number(typ: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_integer(typ)
+        or pa.types.is_floating(typ)
+        or pa.types.is_boolean(typ)
+        or pa.types.is_decimal(typ)
+    )
 
 
 def _pylist_column(name: str, values: list[Any], typ: pa.DataType) -> pa.ChunkedArray:

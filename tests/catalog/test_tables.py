@@ -41,3 +41,18 @@ def test_a_probe_struct_next_to_its_flattened_column_is_refused() -> None:
     # Either alone is fine.
     alone = coerce_batch(TABLES["assets"], pa.table(_asset(probe=probe)))
     assert alone["probe_width"].to_pylist() == [640]
+
+
+@pytest.mark.parametrize("value", ["12", "1e3", "true"])
+def test_a_text_column_for_a_number_is_refused_as_in_json(value: str) -> None:
+    """Arrow's cast parses "12" into 12, where a JSON body's "12" is a 422: one rule."""
+    table = pa.table(_asset(size=pa.array([value])))
+    with pytest.raises(InvalidBatch, match="send numbers") as err:
+        coerce_batch(TABLES["assets"], table)
+    assert err.value.details == {"row": 0, "field": "size"}
+
+
+def test_iso_time_strings_still_fill_timestamp_columns() -> None:
+    table = pa.table(_asset(ingested_at=pa.array(["2026-11-30T12:00:00+00:00"])))
+    out = coerce_batch(TABLES["assets"], table)
+    assert out["ingested_at"][0].as_py().year == 2026
