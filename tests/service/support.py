@@ -337,3 +337,30 @@ def serve(app: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=30)
         sock.close()
+
+
+def world_recipe(name: str, *, seed: int) -> dict[str, Any]:
+    """A recipe that fits :func:`build_world`'s catalog (its tokenizer, filter, caption
+    version, sources and rung), small enough to cut in a test."""
+    return {
+        "name": name,
+        "seed": seed,
+        "tokenizer_version": "vae-v1",
+        "filters": [{"name": "aesthetic", "version": "2", "min": 0.0}],
+        "streams": [
+            {"name": "a", "where": "source = 'stock-a'"},
+            {"name": "b", "where": "source = 'stock-b'"},
+        ],
+        "captions": {"version": "1", "kinds": ["dense"]},
+        "buckets": {"latent_frames": [12], "aspect_ratios": ["16:9"]},
+        "phases": [
+            {
+                "name": "p",
+                "rung": "256p",
+                "weights": {"a": 0.5, "b": 0.5},
+                "steps": 5,
+                "global_batch": 4,
+                "rank_multiple": 1,
+            }
+        ],
+    }

@@ -24,6 +24,7 @@ from tests.service.support import (
     World,
     artifact_table,
     assert_error,
+    world_recipe,
     write_fake_cut,
 )
 
@@ -290,28 +291,7 @@ def test_recipe_validation_endpoint(cut_client: TestClient, world: World) -> Non
     assert error["details"]["path"] == "streams[2].where"
 
 
-REAL_RECIPE: dict[str, Any] = {
-    "name": "svc-real-cut",
-    "seed": 7,
-    "tokenizer_version": "vae-v1",
-    "filters": [{"name": "aesthetic", "version": "2", "min": 0.0}],
-    "streams": [
-        {"name": "a", "where": "source = 'stock-a'"},
-        {"name": "b", "where": "source = 'stock-b'"},
-    ],
-    "captions": {"version": "1", "kinds": ["dense"]},
-    "buckets": {"latent_frames": [12], "aspect_ratios": ["16:9"]},
-    "phases": [
-        {
-            "name": "p",
-            "rung": "256p",
-            "weights": {"a": 0.5, "b": 0.5},
-            "steps": 5,
-            "global_batch": 4,
-            "rank_multiple": 1,
-        }
-    ],
-}
+REAL_RECIPE: dict[str, Any] = world_recipe("svc-real-cut", seed=7)
 
 
 def test_real_cut_job_and_its_forensics(world: World) -> None:

@@ -25,6 +25,7 @@ from tests.service.support import (
     assert_error,
     build_world,
     serve,
+    world_recipe,
 )
 
 
@@ -235,28 +236,7 @@ def test_patch_pin_and_diff(client: TestClient, world: World) -> None:
 
 
 # -- idempotent cuts --------------------------------------------------------------------
-CUT_RECIPE: dict[str, Any] = {
-    "name": "idempotent-cut",
-    "seed": 11,
-    "tokenizer_version": "vae-v1",
-    "filters": [{"name": "aesthetic", "version": "2", "min": 0.0}],
-    "streams": [
-        {"name": "a", "where": "source = 'stock-a'"},
-        {"name": "b", "where": "source = 'stock-b'"},
-    ],
-    "captions": {"version": "1", "kinds": ["dense"]},
-    "buckets": {"latent_frames": [12], "aspect_ratios": ["16:9"]},
-    "phases": [
-        {
-            "name": "p",
-            "rung": "256p",
-            "weights": {"a": 0.5, "b": 0.5},
-            "steps": 5,
-            "global_batch": 4,
-            "rank_multiple": 1,
-        }
-    ],
-}
+CUT_RECIPE: dict[str, Any] = world_recipe("idempotent-cut", seed=11)
 
 
 @pytest.fixture
