@@ -1,4 +1,4 @@
-"""Property tests of the global step plan (materializer/plan.py, docs/plan.md).
+"""Property tests of the global step plan (materializer/plan/, docs/plan.md).
 
 Every plan property is checked on the written file, read back the way a loader reads
 it, against quantities the test derives on its own from the pools: bucket purity,
@@ -351,9 +351,9 @@ def test_a_draw_above_the_quota_is_refused_while_generating(
 ) -> None:
     """Belt and braces: were step_quota ever below a real draw, generation refuses the
     step rather than repeat a row, and write_plan leaves no file."""
-    import materializer.plan as plan
+    from materializer.plan.quotas import Apportioner
 
-    monkeypatch.setattr(plan._Apportioner, "max_increments", lambda self, batch: [1] * self._n)
+    monkeypatch.setattr(Apportioner, "max_increments", lambda self, batch: [1] * self._n)
     i = np.arange(3)  # a step draws 4 from these 3 rows; the patched quota says 1
     pool = Pool(i, np.zeros_like(i), np.zeros_like(i), 1 + i)
     spec = PhaseSpec(0, pool, {0: 4}, {0: 1}, num_steps=3)

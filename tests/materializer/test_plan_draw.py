@@ -1,4 +1,4 @@
-"""Deferring an old epoch's tail in the next epoch's head (materializer/plan_draw.py).
+"""Deferring an old epoch's tail in the next epoch's head (materializer/plan/draw.py).
 
 Checked on the walk alone, where the draw order is visible (the plan shuffles each
 step): every step window of the walk holds ``min(c, n)`` distinct rows, every epoch is
@@ -12,7 +12,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from materializer.plan_draw import Boundaries, defer_tails, step_boundaries
+from materializer.plan.draw import Boundaries, defer_tails, step_boundaries
 
 
 def _epochs(rng: np.random.Generator, n: int, count: int) -> np.ndarray:

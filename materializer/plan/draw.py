@@ -1,17 +1,19 @@
-"""No row twice in a step: deferring an old epoch's tail in the next epoch's head.
+"""A pool's walk through its epochs, with no row twice in a step.
 
-A (stream, bucket) pool of ``n`` rows is drawn as one long walk, epoch after epoch,
-each epoch a permutation of the pool; a step takes the next ``c`` positions of the
-walk. When an epoch boundary falls inside a step, the step holds the old epoch's tail
-``T`` (its last ``L`` positions) and the new epoch's head (its first ``h = c - L``),
-and a plain permutation may repeat a row of ``T`` in the head. So, before the head is
-drawn, the new epoch is reordered: take its shortest prefix that holds
-``min(h, n - L)`` rows outside ``T``, and move those rows to the front, in their order,
-followed by the prefix's rows of ``T``, in theirs (a stable partition of the prefix).
-The epoch stays a permutation (every row once per epoch), the rule is a pure function
-of the epoch's order and the tail, and a deferred row moves back by fewer than ``c``
-positions. With ``c <= n`` a step spans at most two epochs, so no step repeats a row;
-a step with ``c > n`` repeats exactly ``c - n`` rows, the fewest possible.
+A (stream, bucket) pool of ``n`` rows is drawn as one long walk (:class:`PoolWalk`),
+epoch after epoch, each epoch a seeded permutation of the pool (epoch ``e`` sorts
+``mix(base + e*n + i)``) that starts only when the last is exhausted; a step takes the
+next ``c`` positions of the walk. When an epoch boundary falls inside a step, the step
+holds the old epoch's tail ``T`` (its last ``L`` positions) and the new epoch's head
+(its first ``h = c - L``), and a plain permutation may repeat a row of ``T`` in the
+head. So, before the head is drawn, the new epoch is reordered: take its shortest prefix
+that holds ``min(h, n - L)`` rows outside ``T``, and move those rows to the front, in
+their order, followed by the prefix's rows of ``T``, in theirs (a stable partition of
+the prefix). The epoch stays a permutation (every row once per epoch), the rule is a
+pure function of the epoch's order and the tail, and a deferred row moves back by fewer
+than ``c`` positions. With ``c <= n`` a step spans at most two epochs, so no step
+repeats a row; a step with ``c > n`` repeats exactly ``c - n`` rows, the fewest
+possible.
 
 Boundaries of one block of epochs are reordered together (one numpy pass) unless one
 reordered prefix reaches into the tail that the next boundary defers, which happens
@@ -24,11 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.typing import NDArray
 
-__all__ = ["Boundaries", "defer_tails", "step_boundaries"]
+from materializer.plan.rng import mix
+from materializer.plan.spec import Int64s
 
-Int64s = NDArray[np.int64]
+__all__ = ["Boundaries", "PoolWalk", "defer_tails", "step_boundaries"]
+
+_PERM_BLOCK = 1 << 20  # elements per vectorised block of tiny-pool epoch permutations
 
 
 @dataclass(frozen=True)
@@ -158,3 +162,49 @@ def _partition_one(perm: Int64s, before: Int64s, a: int, h: int) -> int:
     extent = int(fresh.nonzero()[0][(h if h < a else a) - 1]) + 1
     perm[:extent] = np.concatenate((head[:extent][fresh[:extent]], head[:extent][in_tail[:extent]]))
     return extent
+
+
+class PoolWalk:
+    """One (stream, bucket) pool's walk (see the module docstring); ``base`` is the
+    pool's :func:`~materializer.plan.rng.derive` of (seed, epoch tag, coordinates)."""
+
+    def __init__(self, rows: Int64s, tokens: Int64s, base: int) -> None:
+        self.n = int(rows.size)
+        self.rows, self.tokens = rows, tokens
+        self.base = np.uint64(base)
+        self.drawn = 0
+        self._cached = -1
+        self._perm = np.arange(self.n, dtype=np.int64)  # epoch _cached as drawn
+
+    def _epochs(self, first: int, count: int) -> Int64s:
+        n = self.n
+        keys = np.arange(first, first + count, dtype=np.uint64)[:, None] * np.uint64(n)
+        keys = keys + np.arange(n, dtype=np.uint64)[None, :]
+        keys += self.base
+        return np.argsort(mix(keys), axis=1)
+
+    def draw(self, counts: Int64s) -> tuple[Int64s, Int64s]:
+        """The rows (and their tokens) of consecutive steps drawing ``counts[i]`` each."""
+        n, start = self.n, self.drawn
+        stop = start + int(counts.sum())
+        parts: list[Int64s] = []
+        epoch, last = start // n, (stop - 1) // n
+        bounds = step_boundaries(start, counts, n) if last > epoch else None
+        while epoch <= last:
+            if epoch == self._cached:
+                span, perms = 1, self._perm[None, :]
+            else:
+                span = min(last - epoch + 1, max(1, _PERM_BLOCK // n))
+                perms = self._epochs(epoch, span)
+                if bounds is not None:  # they lie in epochs start // n + 1 .. last
+                    whole = epoch <= start // n + 1 and span > last - epoch
+                    block = bounds if whole else bounds.select(epoch, epoch + span)
+                    defer_tails(perms, self._perm, epoch, block)
+                self._cached, self._perm = epoch + span - 1, perms[-1]
+            lo = max(start - epoch * n, 0)
+            hi = min(stop - epoch * n, span * n)
+            parts.append(perms.reshape(-1)[lo:hi])
+            epoch += span
+        self.drawn = stop
+        idx = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        return self.rows[idx], self.tokens[idx]
