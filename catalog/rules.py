@@ -32,7 +32,10 @@ ever recorded); a group's canonical copy has the highest bitrate, ties to the sm
 asset id (:func:`plan_links`, :func:`asset_status`).
 
 **Append-only facts.** :func:`latest_rows` picks one row per key by a total order, so
-that "the latest score" does not depend on file order.
+that "the latest score" does not depend on file order. An asset's status is its latest
+event of :data:`STATUS_EVENTS`; at one instant the event listed first wins
+("quarantined": the safe side). The catalog (:func:`asset_status`) and the cut's SQL
+(``materializer/select.py``) both rank by that one tuple.
 
 **Membership.** :func:`hex_prefix64` digests hex ids to 64 bits; a sorted digest index
 (:func:`sorted_index`, :func:`index_merge`, :func:`digest_matches`) finds candidate
@@ -57,6 +60,7 @@ from numpy.typing import NDArray
 __all__ = [
     "FRAME_BYTES",
     "MIN_FRAME_BITS",
+    "STATUS_EVENTS",
     "Links",
     "NearDupRule",
     "asset_status",
@@ -72,6 +76,7 @@ __all__ = [
     "index_merge",
     "is_near_duplicate",
     "latest_rows",
+    "latest_status_events",
     "link_edges",
     "near_duplicate_pairs",
     "new_eval_salt",
@@ -86,6 +91,10 @@ FRAME_BYTES = 8
 #: A frame hash with fewer than this many bits set (or more than ``64 -`` this) is
 #: uninformative (a blank or constant frame) and never counts as a match.
 MIN_FRAME_BITS = 8
+#: The events that set an asset's status, in the order they win a tie at the same
+#: ``at``: the latest event decides, and at one instant "quarantined" wins (the safe
+#: side). Every reader of the status ranks by this tuple (``list_position`` in SQL).
+STATUS_EVENTS = ("quarantined", "released")
 #: Candidate pairs verified per vectorised chunk (bounds memory to ~100 MB).
 _VERIFY_CHUNK = 1 << 20
 #: Fingerprints decoded per vectorised chunk.
@@ -600,6 +609,16 @@ def link_edges(
     return u[ok], v[ok]
 
 
+def latest_status_events(events: pa.Table) -> pa.Table:
+    """Each asset's status event (``asset_id``, ``event``, ``at``): its latest event of
+    :data:`STATUS_EVENTS`, ties at one ``at`` to the event listed first."""
+    kinds = pa.array(STATUS_EVENTS, events.schema.field("event").type)
+    status = events.filter(pc.is_in(events["event"], value_set=kinds))
+    ranked = status.append_column("_rank", pc.index_in(status["event"], value_set=kinds))
+    latest = latest_rows(ranked, ["asset_id"], [("at", "descending"), ("_rank", "ascending")])
+    return latest.drop_columns(["_rank"])
+
+
 def asset_status(assets: pa.Table, tombstones: pa.Table, events: pa.Table) -> pa.Table:
     """Per-asset governance state from the append-only facts (see
     ``VidlakeCatalog.asset_status`` for the columns)."""
@@ -617,13 +636,7 @@ def asset_status(assets: pa.Table, tombstones: pa.Table, events: pa.Table) -> pa
     tomb[at[at >= 0]] = True
     hard[at[(at >= 0) & is_hard]] = True
 
-    status_events = events.filter(
-        pc.is_in(events["event"], value_set=pa.array(["quarantined", "released"]))
-    )
-    # The latest event wins; at the same instant "quarantined" sorts first: the safe side.
-    latest = latest_rows(
-        status_events, ["asset_id"], [("at", "descending"), ("event", "ascending")]
-    )
+    latest = latest_status_events(events)
     latest = latest.filter(pc.equal(latest["event"], "quarantined"))
     quarantined = np.zeros(n, dtype=np.bool_)
     q_at = np.asarray(

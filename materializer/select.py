@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from catalog.errors import InvalidInput, InvalidRecipe
+from catalog.rules import STATUS_EVENTS
 from materializer.dedup import Decontamination, decontaminate, semdedup
 from materializer.recipe import Recipe
 
@@ -257,6 +258,8 @@ def _candidate_params(recipe: Recipe) -> dict[str, Any]:
         "tokenizer": recipe.tokenizer_version,
         "caption_version": recipe.captions.version,
         "kinds": list(recipe.captions.kinds),
+        # An asset's status: its latest event, ties to the first listed (one rule).
+        "status_events": list(STATUS_EVENTS),
     }
     for i, (name, version) in enumerate(recipe.score_versions().items()):
         params[f"score{i}_name"] = name
@@ -339,8 +342,10 @@ WITH
   ),
   tomb AS (SELECT DISTINCT asset_id FROM raw_tombstones),
   quar AS (
-    SELECT asset_id FROM raw_asset_events WHERE event IN ('quarantined', 'released')
-    GROUP BY asset_id HAVING arg_max(event, "at") = 'quarantined'
+    SELECT asset_id FROM raw_asset_events WHERE list_contains($status_events, event)
+    QUALIFY row_number() OVER (
+      PARTITION BY asset_id ORDER BY "at" DESC, list_position($status_events, event)
+    ) = 1 AND event = 'quarantined'
   ),
   lat AS (
     SELECT * FROM raw_latents WHERE tokenizer_version = $tokenizer

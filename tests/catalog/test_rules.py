@@ -349,6 +349,41 @@ def test_latest_rows_do_not_depend_on_row_order(
         assert (r["t"], r["version"]) == best
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c"]),
+            st.sampled_from(["quarantined", "released", "near_duplicate"]),
+            st.integers(0, 3),
+        ),
+        max_size=20,
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_status_is_the_latest_event_and_a_tie_quarantines(
+    events: list[tuple[str, str, int]], seed: int
+) -> None:
+    """At the latest instant of an asset's status events, a quarantine wins over a
+    release, whatever order the rows were written in."""
+    table = pa.table(
+        {
+            "asset_id": pa.array([a for a, _, _ in events], pa.string()),
+            "event": pa.array([e for _, e, _ in events], pa.string()),
+            "at": pa.array([t for _, _, t in events], pa.int64()),
+        }
+    )
+    shuffled = table.take(pa.array(np.random.default_rng(seed).permutation(len(events))))
+    got = {r["asset_id"]: r["event"] for r in rules.latest_status_events(shuffled).to_pylist()}
+    want = {}
+    for asset in {a for a, e, _ in events if e in rules.STATUS_EVENTS}:
+        mine = [(t, e) for a, e, t in events if a == asset and e in rules.STATUS_EVENTS]
+        last = max(t for t, _ in mine)
+        want[asset] = min((e for t, e in mine if t == last), key=rules.STATUS_EVENTS.index)
+    assert got == want
+    assert rules.STATUS_EVENTS[0] == "quarantined"  # the safe side wins a tie
+
+
 def test_rule_parameters_are_checked() -> None:
     with pytest.raises(ValueError):
         NearDupRule(max_distance=40)
