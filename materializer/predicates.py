@@ -13,6 +13,10 @@ The clip view (one row per clip at one latent rung, after joins; see
 ``docs/recipes.md``) has the columns of :data:`CLIP_VIEW_COLUMNS` plus one DOUBLE
 column ``score_<name>`` per score the recipe names (``NULL`` when a clip has none).
 ``tier`` is assigned by the tier rules, so it is usable in stream predicates only.
+
+This is vidlake's only predicate validator. A snapshot patch's ``where`` uses it too,
+over the columns of the version's ``manifest.parquet`` (:func:`schema_columns`),
+answered as :class:`~catalog.errors.InvalidSQL` rather than ``InvalidRecipe``.
 """
 
 from __future__ import annotations
@@ -21,16 +25,18 @@ import difflib
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 
+import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from catalog.errors import InvalidRecipe
+from catalog.errors import InvalidInput, InvalidRecipe
 
 __all__ = [
     "ALLOWED_FUNCTIONS",
     "CLIP_VIEW_COLUMNS",
     "MAX_PREDICATE_CHARS",
     "clip_view_columns",
+    "schema_columns",
     "score_column",
     "validate_predicate",
 ]
@@ -194,24 +200,60 @@ def clip_view_columns(
     return columns
 
 
-def validate_predicate(sql: str, columns: Mapping[str, str], path: str) -> str:
+def schema_columns(schema: pa.Schema) -> dict[str, str]:
+    """The columns of a table (e.g. ``manifest.parquet``) as a predicate may use them:
+    name -> DuckDB type, of which only ``BOOLEAN`` changes what is accepted (a boolean
+    column may stand as a whole predicate)."""
+    return {f.name: _duckdb_type(f.type) for f in schema}
+
+
+def _duckdb_type(kind: pa.DataType) -> str:
+    if pa.types.is_boolean(kind):
+        return "BOOLEAN"
+    if pa.types.is_integer(kind):
+        return "BIGINT"
+    if pa.types.is_floating(kind):
+        return "DOUBLE"
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return "VARCHAR"
+    return str(kind).upper()
+
+
+def validate_predicate(
+    sql: str,
+    columns: Mapping[str, str],
+    path: str,
+    *,
+    error: type[InvalidInput] = InvalidRecipe,
+) -> str:
     """Check that ``sql`` is one pure boolean expression over ``columns``.
 
     Args:
         sql: The predicate as written in the recipe.
-        columns: Column name -> DuckDB type it may use (:func:`clip_view_columns`).
-        path: Where the predicate sits in the recipe, for error messages.
+        columns: Column name -> DuckDB type it may use (:func:`clip_view_columns`,
+            :func:`schema_columns`).
+        path: Where the predicate sits in the recipe (or request), for error messages.
+        error: What to raise; the details are the same whatever the class.
 
     Returns:
         The normalised DuckDB SQL for the expression (column names canonical,
         literals re-escaped), safe to splice into ``WHERE (...)``.
 
     Raises:
-        InvalidRecipe: With ``path`` set, for anything but one allowlisted expression:
-            statements, subqueries, parameters, comments, aggregates, window or
-            unknown functions, unknown or qualified columns, non-boolean results,
-            or text that does not parse.
+        InvalidRecipe: (or ``error``) With ``path`` set, for anything but one
+            allowlisted expression: statements, subqueries, parameters, comments,
+            aggregates, window or unknown functions, unknown or qualified columns
+            (``column`` names it), non-boolean results, or text that does not parse.
     """
+    try:
+        return _validate(sql, columns, path)
+    except InvalidRecipe as exc:
+        if error is InvalidRecipe:
+            raise
+        raise error(exc.message, **exc.details) from None
+
+
+def _validate(sql: str, columns: Mapping[str, str], path: str) -> str:
     if not isinstance(sql, str):
         raise _error(path, f"a predicate must be a string, got {type(sql).__name__}")
     if not sql.strip():

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from catalog.errors import InvalidInput, NotFound
+from catalog.errors import InvalidInput, InvalidSQL, NotFound
 from manifests.inputs import snapshot_inputs_sha256
 from manifests.registry import SnapshotRecord
 from service.cuts import submit_cut
@@ -33,7 +33,6 @@ from service.schemas import (
     SnapshotsPublic,
     StepPublic,
 )
-from service.sql import validate_predicate
 
 __all__ = ["router", "snapshot_public"]
 
@@ -261,9 +260,12 @@ def diff_snapshots(
 # -- changing -------------------------------------------------------------------------
 def _rows_matching(services: Services, version: int, where: str) -> list[int]:
     """Manifest rows of ``version`` where ``where`` holds, resolved in the sandbox."""
+    from materializer.predicates import schema_columns, validate_predicate
+
     path = services.reader.local(version, "manifest.parquet")
-    columns = {c.lower() for c in pq.read_schema(str(path)).names}
-    predicate = validate_predicate(where, columns)
+    columns = schema_columns(pq.read_schema(str(path)))
+    # The recipe's predicate rules (an allowlist), answered as a 400 like bad SQL.
+    predicate = validate_predicate(where, columns, "where", error=InvalidSQL)
     # The shared sandbox: the service's deadline, memory cap and worker processes hold
     # for a predicate exactly as for POST /v1/sql.
     result = services.sandbox.run(

@@ -22,7 +22,7 @@ from service.sql.connection import sandbox_connection
 from service.sql.pool import SandboxBusy, WorkerPool
 from service.sql.results import to_json_rows
 from service.sql.sandbox import QueryResult, Sandbox
-from service.sql.validate import MAX_QUERY_CHARS, validate_predicate, validate_query
+from service.sql.validate import MAX_QUERY_CHARS, validate_query
 from service.sql.views import CATALOG_VIEWS, CatalogViews, Source, View
 
 __all__ = [
@@ -37,6 +37,5 @@ __all__ = [
     "WorkerPool",
     "sandbox_connection",
     "to_json_rows",
-    "validate_predicate",
     "validate_query",
 ]

@@ -11,7 +11,8 @@ functions are refused except ``UNNEST``, and so is every function in
 :data:`DENIED_FUNCTIONS` or with a prefix in :data:`DENIED_PREFIXES` (files,
 settings, environment, dynamic SQL, extensions).
 
-:func:`validate_predicate` accepts one boolean expression without queries or tables.
+A snapshot patch's ``where`` is not a query: :mod:`materializer.predicates` checks it,
+as it checks a recipe's predicates.
 
 The second wall (:mod:`service.sql.connection`, :mod:`service.sql.worker`) holds even
 when this one has a bug.
@@ -34,7 +35,6 @@ __all__ = [
     "MAX_QUERY_CHARS",
     "check_text",
     "mentioned",
-    "validate_predicate",
     "validate_query",
 ]
 
@@ -278,33 +278,3 @@ def validate_query(sql: str, views: set[str] | frozenset[str]) -> set[str]:
             reason="statement",
         )
     return _check_tree(root, {v.lower() for v in views})
-
-
-def _known(column: exp.Column, columns: set[str]) -> bool:
-    return not column.table and str(column.name).lower() in columns
-
-
-def validate_predicate(sql: str, columns: set[str] | None = None) -> str:
-    """Check a boolean SQL expression (no subqueries, no tables, allowed functions
-    only, known columns when ``columns`` is given); return it normalised."""
-    if not isinstance(sql, str) or not sql.strip() or len(sql) > MAX_QUERY_CHARS:
-        raise InvalidSQL("the predicate is empty or too long", reason="predicate")
-    try:
-        node = sqlglot.parse_one(sql, read="duckdb", into=exp.Condition)
-    except sqlglot.errors.SqlglotError as exc:
-        raise InvalidSQL(
-            f"the predicate does not parse: {_first_line(exc)}", reason="parse"
-        ) from None
-    except RecursionError:
-        raise InvalidSQL("the predicate is nested too deeply", reason="too_deep") from None
-    for sub in node.walk():
-        if isinstance(sub, (exp.Query, exp.Table, exp.Subquery, *_STATEMENT_TYPES)):
-            raise InvalidSQL("a predicate may not hold queries or tables", reason="predicate")
-        if isinstance(sub, exp.Func):
-            _check_function(sub)
-        if columns is not None and isinstance(sub, exp.Column) and not _known(sub, columns):
-            raise InvalidSQL(
-                f"unknown column {sub.sql('duckdb')!r}; columns: {', '.join(sorted(columns))}",
-                reason="column",
-            )
-    return str(node.sql("duckdb"))

@@ -235,6 +235,44 @@ def test_patch_pin_and_diff(client: TestClient, world: World) -> None:
     assert_error(client.post("/v1/snapshots/42/pin", json={"reason": "x"}), 404)
 
 
+@pytest.mark.parametrize(
+    ("where", "says"),
+    [
+        ("random() < 0.5", "is not allowed (allowed: abs,"),  # not a pure row predicate
+        ("count(*) > 0", "aggregate function count is not allowed"),
+        ("stream = 1 /* why */", "comments are not allowed"),
+        ("row IN (SELECT 1 FROM read_csv('/etc/passwd'))", "subqueries are not allowed"),
+        ("stream + 1", "must be a boolean expression"),
+        ("$1 = stream", "parameters are not allowed"),
+    ],
+)
+def test_a_patch_where_is_checked_by_the_recipe_predicate_rules(
+    client: TestClient, where: str, says: str
+) -> None:
+    """The patch ``where`` goes through the one predicate validator
+    (materializer/predicates.py, an allowlist), answered as a 400 that says what is
+    wrong; nothing is published."""
+    count = client.get("/v1/snapshots").json()["count"]
+    error = assert_error(
+        client.post("/v1/snapshots/1/patch", json={"reason": "x", "where": where}),
+        400,
+        "invalid_sql",
+    )
+    assert says in error["message"], error
+    assert error["details"]["path"] == "where"
+    assert client.get("/v1/snapshots").json()["count"] == count
+
+
+def test_a_patch_where_names_the_column_the_manifest_lacks(client: TestClient) -> None:
+    error = assert_error(
+        client.post("/v1/snapshots/1/patch", json={"reason": "x", "where": "strem = 1"}),
+        400,
+        "invalid_sql",
+    )
+    assert error["details"]["column"] == "strem"
+    assert "unknown column 'strem' (did you mean 'stream'?)" in error["message"]
+
+
 # -- idempotent cuts --------------------------------------------------------------------
 CUT_RECIPE: dict[str, Any] = world_recipe("idempotent-cut", seed=11)
 
