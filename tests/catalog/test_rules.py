@@ -1,4 +1,4 @@
-"""Property tests for the pure ingest rules (``catalog/rules.py``)."""
+"""Property tests for the pure ingest rules (``catalog/rules/``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,156 @@
+"""Pure id rules: the eval carve-out and clip ids.
+
+**Eval carve-out.** An asset is ``eval`` iff ``H / 2**256 < eval_fraction`` where
+``H = int.from_bytes(sha256(bytes.fromhex(salt) + bytes.fromhex(asset_id)), "big")``:
+the 32 raw bytes of the salt followed by the 32 raw bytes of the asset id (not their
+hex text). The comparison is exact (rational arithmetic on the tie case).
+
+**Clip ids.** ``clip_id = sha256(f"{asset_id}:{t_start_s:.6f}:{t_end_s:.6f}:{split_version}"
+.encode("utf-8")).hexdigest()[:32]``: 128 bits, lowercase hex, ``-0.0`` taken as ``0.0``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import secrets
+from collections.abc import Sequence
+from fractions import Fraction
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numpy.typing import NDArray
+
+__all__ = ["clip_id", "clip_ids", "eval_mask", "new_eval_salt"]
+
+
+def new_eval_salt() -> str:
+    """A fresh random salt: 32 bytes as 64 lowercase hex characters."""
+    return secrets.token_hex(32)
+
+
+def eval_mask(
+    asset_ids: Sequence[str] | pa.Array | pa.ChunkedArray, salt: str, fraction: float
+) -> NDArray[np.bool_]:
+    """Which assets fall in the eval split (see the module docstring for the rule).
+
+    Args:
+        asset_ids: 64-hex asset ids (validated by the caller).
+        salt: The catalog's frozen salt, hex.
+        fraction: The catalog's frozen eval fraction, in ``[0, 1]``.
+
+    Returns:
+        A boolean array, True where the asset is ``eval``.
+    """
+    ids = (
+        asset_ids.to_pylist()
+        if isinstance(asset_ids, pa.Array | pa.ChunkedArray)
+        else list(asset_ids)
+    )
+    n = len(ids)
+    if fraction <= 0.0 or n == 0:
+        return np.zeros(n, dtype=np.bool_)
+    if fraction >= 1.0:
+        return np.ones(n, dtype=np.bool_)
+    salt_bytes = bytes.fromhex(salt)
+    digests = b"".join(hashlib.sha256(salt_bytes + bytes.fromhex(a)).digest() for a in ids)
+    words = np.frombuffer(digests, dtype=">u8").reshape(n, 4)
+    # H < fraction * 2**256 decided on the top 64 bits; only an exact tie on them (odds
+    # 2**-64) needs the full 256-bit comparison.
+    threshold = Fraction(fraction) * 2**256
+    top_threshold = int(threshold // 2**192)
+    top = words[:, 0].astype(np.uint64)
+    mask = top < np.uint64(top_threshold)
+    for i in np.flatnonzero(top == np.uint64(top_threshold)):
+        h = int.from_bytes(digests[32 * i : 32 * i + 32], "big")
+        mask[i] = h < threshold
+    return mask
+
+
+# -- clip ids ---------------------------------------------------------------------------
+def clip_id(asset_id: str, t_start_s: float, t_end_s: float, split_version: str) -> str:
+    """The deterministic id of a clip (see the module docstring)."""
+    text = f"{asset_id}:{t_start_s + 0.0:.6f}:{t_end_s + 0.0:.6f}:{split_version}"
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+
+
+def clip_ids(
+    asset_ids: pa.Array | pa.ChunkedArray | Sequence[str],
+    t_start_s: NDArray[np.float64] | Sequence[float],
+    t_end_s: NDArray[np.float64] | Sequence[float],
+    split_versions: pa.Array | pa.ChunkedArray | Sequence[str],
+) -> pa.Array:
+    """:func:`clip_id` over aligned columns, vectorised but for the hash itself.
+
+    The ``.6f`` texts are built in Arrow from the rounded microsecond count; a value
+    whose rounding is not clear-cut in binary (within float error of a half
+    microsecond), negative, huge or non-finite is formatted by Python instead, so the
+    result always equals :func:`clip_id`.
+    """
+    texts = pc.binary_join_element_wise(
+        _as_strings(asset_ids),
+        _fixed6(t_start_s),
+        _fixed6(t_end_s),
+        _as_strings(split_versions),
+        _large(":"),
+    )
+    texts = (texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts).cast(
+        pa.large_string()
+    )
+    n = len(texts)
+    if n == 0:
+        return pa.array([], pa.large_string())
+    data = texts.buffers()[2]
+    raw = data.to_pybytes() if data is not None else b""
+    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[
+        texts.offset : texts.offset + n + 1
+    ].tolist()
+    # The one per-row Python step: raw digests joined into one buffer, then hex in
+    # numpy (no per-row str objects, no list-to-Arrow conversion).
+    sha = hashlib.sha256
+    digests = b"".join([sha(raw[a:b]).digest() for a, b in itertools.pairwise(offsets)])
+    return _hex_prefix_strings(np.frombuffer(digests, dtype=np.uint8).reshape(n, 32)[:, :16])
+
+
+#: The two hex digits of each byte value, as one 2-byte unit (one gather per byte).
+_HEX_PAIRS = np.frombuffer(b"".join(f"{i:02x}".encode() for i in range(256)), dtype="V2")
+
+
+def _hex_prefix_strings(raw: NDArray[np.uint8]) -> pa.Array:
+    """Rows of bytes as lowercase hex strings (``large_string``), vectorised."""
+    n, width = raw.shape
+    text = np.ascontiguousarray(_HEX_PAIRS[raw])
+    offsets = np.arange(0, 2 * width * n + 1, 2 * width, dtype=np.int64)
+    return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text))
+
+
+def _large(text: str) -> pa.Scalar:
+    return pa.scalar(text, pa.large_string())
+
+
+def _as_strings(values: pa.Array | pa.ChunkedArray | Sequence[str]) -> pa.Array | pa.ChunkedArray:
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return values.cast(pa.large_string())
+    return pa.array(list(values), pa.large_string())
+
+
+def _fixed6(values: NDArray[np.float64] | Sequence[float]) -> pa.Array:
+    """``f"{x + 0.0:.6f}"`` for every value, vectorised where that is exact."""
+    x = np.asarray(values, dtype=np.float64) + 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        scaled = x * 1e6
+        half = np.abs(scaled - np.floor(scaled) - 0.5)
+        risky = (
+            ~np.isfinite(scaled) | (x < 0) | (scaled >= 2.0**52) | (half < 1e-6 + scaled * 1e-15)
+        )
+    micros = np.where(risky, 0, np.rint(np.where(risky, 0, scaled))).astype(np.int64)
+    whole = pc.cast(pa.array(micros // 1_000_000), pa.large_string())
+    frac = pc.utf8_lpad(pc.cast(pa.array(micros % 1_000_000), pa.large_string()), 6, "0")
+    text = pc.binary_join_element_wise(whole, frac, _large("."))
+    if risky.any():
+        fixed = text.to_pylist()
+        for i in np.flatnonzero(risky):
+            fixed[i] = f"{x[i]:.6f}"
+        text = pa.array(fixed, pa.large_string())
+    return text

@@ -1,0 +1,237 @@
+"""The near-duplicate rule: fingerprints and the exact candidate search.
+
+A fingerprint is a sequence of 64-bit perceptual frame hashes, each stored big-endian (8
+bytes per frame). Two assets A and B are near-duplicates iff,
+over the first ``L = min(len(A), len(B), window)`` aligned frames, at least
+``min_frames`` positions ``i`` have ``popcount(A[i] ^ B[i]) <= max_distance`` and both
+``A[i]`` and ``B[i]`` are *informative* (between :data:`MIN_FRAME_BITS` and
+``64 - MIN_FRAME_BITS`` bits set: blank and constant frames hash to nearly all-0 or
+all-1 and must not make every video with a black intro a duplicate of every other).
+Frames are compared at the same index only (re-encodes of one video, not trims).
+
+Candidates are found without comparing every pair. By pigeonhole, a matching pair has
+a matching frame among positions ``0 .. window - min_frames``, and two hashes within
+``max_distance`` bits agree exactly on at least one of ``max_distance + 1`` disjoint bit
+bands. So the reference side is indexed by (position, band, band value) in sorted
+arrays, each query frame looks up its band values with ``searchsorted``, and only the
+pairs that share a key are verified, vectorised. The search is exact: it finds every
+pair the rule accepts.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numpy.typing import NDArray
+
+__all__ = [
+    "FRAME_BYTES",
+    "MIN_FRAME_BITS",
+    "NearDupRule",
+    "fingerprint_matrix",
+    "frame_match_counts",
+    "is_near_duplicate",
+    "near_duplicate_pairs",
+    "pack_fingerprint",
+    "unpack_fingerprint",
+]
+
+#: Bytes per frame hash in a fingerprint.
+FRAME_BYTES = 8
+#: A frame hash with fewer than this many bits set (or more than ``64 -`` this) is
+#: uninformative (a blank or constant frame) and never counts as a match.
+MIN_FRAME_BITS = 8
+#: Candidate pairs verified per vectorised chunk (bounds memory to ~100 MB).
+_VERIFY_CHUNK = 1 << 20
+#: Fingerprints decoded per vectorised chunk.
+_DECODE_CHUNK = 1 << 16
+
+
+def pack_fingerprint(frame_hashes: Iterable[int]) -> bytes:
+    """Frame hashes (unsigned 64-bit ints) to the stored fingerprint bytes."""
+    return np.asarray(list(frame_hashes), dtype=np.uint64).astype(">u8").tobytes()
+
+
+def unpack_fingerprint(fingerprint: bytes) -> NDArray[np.uint64]:
+    """Stored fingerprint bytes to frame hashes."""
+    if len(fingerprint) % FRAME_BYTES:
+        raise ValueError(
+            f"a fingerprint is a multiple of {FRAME_BYTES} bytes, got {len(fingerprint)}"
+        )
+    return np.frombuffer(fingerprint, dtype=">u8").astype(np.uint64)
+
+
+def fingerprint_matrix(
+    fingerprints: pa.Array | pa.ChunkedArray, window: int
+) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
+    """Decode a binary column of fingerprints into a padded frame matrix, vectorised.
+
+    Args:
+        fingerprints: Binary fingerprints (nulls allowed: zero frames).
+        window: How many leading frames to keep.
+
+    Returns:
+        ``(frames, lengths)``: ``frames[i, k]`` is frame ``k`` of row ``i`` for
+        ``k < lengths[i]`` (0 beyond), ``lengths[i] = min(frames in row i, window)``.
+    """
+    arr = (
+        fingerprints.combine_chunks() if isinstance(fingerprints, pa.ChunkedArray) else fingerprints
+    )
+    arr = arr.cast(pa.large_binary())
+    n = len(arr)
+    frames = np.zeros((n, window), dtype=np.uint64)
+    lengths = np.zeros(n, dtype=np.int64)
+    if n == 0 or window == 0:
+        return frames, lengths
+    nbytes = np.asarray(
+        pc.fill_null(pc.binary_length(arr), 0).to_numpy(zero_copy_only=False), dtype=np.int64
+    )
+    lengths = np.minimum(nbytes // FRAME_BYTES, window)
+    data_buf = arr.buffers()[2]
+    if data_buf is None or not lengths.any():
+        return frames, np.zeros(n, dtype=np.int64)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + n]
+    data = np.frombuffer(data_buf, dtype=np.uint8)
+    k = np.arange(window, dtype=np.int64)
+    byte = np.arange(FRAME_BYTES, dtype=np.int64)
+    for start in range(0, n, _DECODE_CHUNK):  # bounds the (rows, window, 8) index array
+        stop = min(start + _DECODE_CHUNK, n)
+        valid = k[None, :] < lengths[start:stop, None]
+        first = np.where(valid, offsets[start:stop, None] + FRAME_BYTES * k[None, :], 0)
+        raw = np.ascontiguousarray(data[first[:, :, None] + byte[None, None, :]])
+        decoded = raw.view(">u8").reshape(stop - start, window).astype(np.uint64)
+        frames[start:stop][valid] = decoded[valid]
+    return frames, lengths
+
+
+@dataclass(frozen=True)
+class NearDupRule:
+    """Parameters of the near-duplicate rule (module docstring).
+
+    Attributes:
+        max_distance: Hamming threshold per 64-bit frame hash (``0 .. 31``).
+        min_frames: Matching aligned frames needed (``>= 1``).
+        window: Leading frames compared (``>= min_frames``).
+    """
+
+    max_distance: int = 4
+    min_frames: int = 6
+    window: int = 8
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_distance <= 31:
+            raise ValueError("max_distance must be in 0..31")
+        if not 1 <= self.min_frames <= self.window:
+            raise ValueError("need 1 <= min_frames <= window")
+
+    def bands(self) -> list[tuple[int, int]]:
+        """The ``max_distance + 1`` disjoint bit ranges ``[lo, hi)`` of a frame hash."""
+        edges = [b * 64 // (self.max_distance + 1) for b in range(self.max_distance + 2)]
+        return list(itertools.pairwise(edges))
+
+
+def _informative(frames: NDArray[np.uint64]) -> NDArray[np.bool_]:
+    bits = np.bitwise_count(frames)
+    return (bits >= MIN_FRAME_BITS) & (bits <= 64 - MIN_FRAME_BITS)
+
+
+def frame_match_counts(
+    a: NDArray[np.uint64],
+    a_len: NDArray[np.int64],
+    b: NDArray[np.uint64],
+    b_len: NDArray[np.int64],
+    rule: NearDupRule,
+) -> NDArray[np.int64]:
+    """Matching aligned frames for each row pair ``(a[i], b[i])`` (matrices as from
+    :func:`fingerprint_matrix` with ``rule.window`` columns)."""
+    w = rule.window
+    usable = np.arange(w)[None, :] < np.minimum(a_len, b_len)[:, None]
+    close = np.bitwise_count(a[:, :w] ^ b[:, :w]) <= rule.max_distance
+    ok = usable & close & _informative(a[:, :w]) & _informative(b[:, :w])
+    counts: NDArray[np.int64] = np.count_nonzero(ok, axis=1).astype(np.int64)
+    return counts
+
+
+def is_near_duplicate(
+    a: Sequence[int] | NDArray[np.uint64], b: Sequence[int] | NDArray[np.uint64], rule: NearDupRule
+) -> bool:
+    """The rule for one pair of frame-hash sequences (a reference for tests and docs)."""
+    fa = np.zeros((1, rule.window), dtype=np.uint64)
+    fb = np.zeros((1, rule.window), dtype=np.uint64)
+    la, lb = min(len(a), rule.window), min(len(b), rule.window)
+    fa[0, :la] = np.asarray(a, dtype=np.uint64)[:la]
+    fb[0, :lb] = np.asarray(b, dtype=np.uint64)[:lb]
+    counts = frame_match_counts(fa, np.array([la]), fb, np.array([lb]), rule)
+    return bool(counts[0] >= rule.min_frames)
+
+
+def near_duplicate_pairs(
+    query: NDArray[np.uint64],
+    query_len: NDArray[np.int64],
+    ref: NDArray[np.uint64],
+    ref_len: NDArray[np.int64],
+    rule: NearDupRule,
+    *,
+    same: bool = False,
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Every pair ``(i, j)`` with ``query[i]`` a near-duplicate of ``ref[j]``.
+
+    Args:
+        query, query_len: Frame matrix and lengths of the new fingerprints.
+        ref, ref_len: Frame matrix and lengths of the fingerprints to search.
+        rule: The matching rule.
+        same: ``query`` and ``ref`` are the same rows: report each unordered pair once
+            (``i < j``) and never a row with itself.
+
+    Returns:
+        ``(query_index, ref_index)``, sorted, without repeats.
+    """
+    empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+    if len(query) == 0 or len(ref) == 0:
+        return empty
+    w, n_ref = rule.window, len(ref)
+    q_inf, r_inf = _informative(query[:, :w]), _informative(ref[:, :w])
+    codes: list[NDArray[np.int64]] = []
+    for pos in range(w - rule.min_frames + 1):
+        r_rows = np.flatnonzero((ref_len > pos) & r_inf[:, pos])
+        q_rows = np.flatnonzero((query_len > pos) & q_inf[:, pos])
+        if len(r_rows) == 0 or len(q_rows) == 0:
+            continue
+        for lo, hi in rule.bands():
+            mask = np.uint64((1 << (hi - lo)) - 1)
+            r_val = (ref[r_rows, pos] >> np.uint64(lo)) & mask
+            q_val = (query[q_rows, pos] >> np.uint64(lo)) & mask
+            order = np.argsort(r_val, kind="stable")
+            r_sorted = r_val[order]
+            left = np.searchsorted(r_sorted, q_val, side="left")
+            right = np.searchsorted(r_sorted, q_val, side="right")
+            counts = right - left
+            total = int(counts.sum())
+            if total == 0:
+                continue
+            qi = np.repeat(q_rows, counts)
+            # Positions left[k] .. right[k]-1 for every query k, flattened.
+            within = np.arange(total, dtype=np.int64) - np.repeat(
+                np.cumsum(counts) - counts, counts
+            )
+            ri = r_rows[order[np.repeat(left, counts) + within]]
+            codes.append(qi.astype(np.int64) * n_ref + ri.astype(np.int64))
+    if not codes:
+        return empty
+    cand = np.unique(np.concatenate(codes))
+    qi_all, ri_all = cand // n_ref, cand % n_ref
+    if same:
+        keep = qi_all < ri_all
+        qi_all, ri_all = qi_all[keep], ri_all[keep]
+    hits: list[NDArray[np.bool_]] = []
+    for start in range(0, len(qi_all), _VERIFY_CHUNK):
+        qi, ri = qi_all[start : start + _VERIFY_CHUNK], ri_all[start : start + _VERIFY_CHUNK]
+        counts = frame_match_counts(query[qi], query_len[qi], ref[ri], ref_len[ri], rule)
+        hits.append(counts >= rule.min_frames)
+    hit = np.concatenate(hits) if hits else np.zeros(0, dtype=np.bool_)
+    return qi_all[hit], ri_all[hit]
