@@ -1,10 +1,11 @@
 """Selection: a recipe at a pinned catalog state becomes the candidate samples of a cut.
 
 The pinned Iceberg scans are registered in an in-memory DuckDB as Arrow tables (never
-Python lists) and one query builds the clip view of ``docs/recipes.md``: clips x
-assets x latents (the recipe's tokenizer, each phase's rung) x pivoted scores (the
-named versions) x captions (the named version and kinds). Every candidate sample (a
-clip at one rung) gets the *first* reason it is dropped, in this order:
+Python lists) and one query (:mod:`materializer.clip_view`) builds the clip view of
+``docs/recipes.md``: clips x assets x latents (the recipe's tokenizer, each phase's
+rung) x pivoted scores (the named versions) x captions (the named version and kinds).
+Every candidate sample (a clip at one rung) gets the *first* reason it is dropped, in
+this order:
 
 ``eval``, ``tombstoned``, ``quarantined``, ``duplicate_asset`` (a near-duplicate of a
 kept asset, linked at ingest), ``eval_duplicate_asset`` (near-duplicate of an eval
@@ -36,7 +37,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from catalog.errors import InvalidInput, InvalidRecipe
-from catalog.rules import STATUS_EVENTS
+from materializer.clip_view import EVAL_CLIPS_SQL, candidate_params, candidate_sql
 from materializer.dedup import Decontamination, decontaminate, semdedup
 from materializer.recipe import Recipe
 
@@ -137,18 +138,11 @@ def _candidates(
         report("scan", 0.0)
         _register_scans(con, catalog, recipe, pin, report)
         report("join", 0.0)
-        table = con.sql(_candidate_sql(recipe), params=_candidate_params(recipe)).to_arrow_table()
-        eval_ids = [r[0] for r in con.sql(_EVAL_CLIPS_SQL).fetchall()]
+        table = con.sql(candidate_sql(recipe), params=candidate_params(recipe)).to_arrow_table()
+        eval_ids = [r[0] for r in con.sql(EVAL_CLIPS_SQL).fetchall()]
     finally:
         con.close()
     return table, eval_ids
-
-
-# An eval clip is one whose clip row or asset row says eval (the carve-out's rule).
-_EVAL_CLIPS_SQL = """
-SELECT DISTINCT c.clip_id FROM raw_clips c LEFT JOIN raw_assets a ON a.asset_id = c.asset_id
-WHERE c.split = 'eval' OR a.split = 'eval' ORDER BY c.clip_id
-"""
 
 
 def _match_counts(table: pa.Table, num_streams: int) -> list[int]:
@@ -250,153 +244,6 @@ def _empty(name: str, columns: list[str]) -> pa.Table:
 
     schema = arrow_schema(TABLES[name].schema)
     return schema.empty_table().select(columns)
-
-
-# -- the candidate query ------------------------------------------------------------------
-def _candidate_params(recipe: Recipe) -> dict[str, Any]:
-    params: dict[str, Any] = {
-        "tokenizer": recipe.tokenizer_version,
-        "caption_version": recipe.captions.version,
-        "kinds": list(recipe.captions.kinds),
-        # An asset's status: its latest event, ties to the first listed (one rule).
-        "status_events": list(STATUS_EVENTS),
-    }
-    for i, (name, version) in enumerate(recipe.score_versions().items()):
-        params[f"score{i}_name"] = name
-        params[f"score{i}_version"] = version
-    return params
-
-
-def _candidate_sql(recipe: Recipe) -> str:
-    """One query: the clip view with latent, captions, tier, stream and a drop reason.
-
-    User values travel as parameters; identifiers in the text are recipe names (checked
-    against ``^[a-z][a-z0-9_]*$``) and predicates are sqlglot-normalised allowlisted
-    expressions (:func:`materializer.predicates.validate_predicate`).
-    """
-    versions = recipe.score_versions()
-    rungs = sorted({p.rung for p in recipe.phases})
-    rung_values = ", ".join(f"('{r}')" for r in rungs)  # rung matches ^[1-9][0-9]*p$
-    score_pairs = " OR ".join(
-        f"(filter_name = $score{i}_name AND filter_version = $score{i}_version)"
-        for i in range(len(versions))
-    )
-    # One pass over the scores: the latest row of each named (filter, version) per clip.
-    score_cols = ", ".join(
-        f"arg_max(score, computed_at) FILTER (WHERE filter_name = $score{i}_name "
-        f"AND filter_version = $score{i}_version) AS score_{n}"
-        for i, n in enumerate(versions)
-    )
-    score_view_cols = "".join(f", s.score_{n}" for n in versions)
-    kinds_order = "list_position($kinds::VARCHAR[], kind)"
-
-    drop = ["WHEN c.split = 'eval' OR a.split = 'eval' THEN 'eval'"]
-    if recipe.exclusions.tombstoned:
-        drop.append("WHEN t.asset_id IS NOT NULL THEN 'tombstoned'")
-    if recipe.exclusions.quarantined:
-        drop.append("WHEN q.asset_id IS NOT NULL THEN 'quarantined'")
-    drop.append("WHEN a.duplicate_of IS NOT NULL THEN 'duplicate_asset'")
-    drop.append("WHEN ed.asset_id IS NOT NULL THEN 'eval_duplicate_asset'")
-    drop.append("WHEN l.clip_id IS NULL THEN 'no_latent'")
-    for f in recipe.filters:
-        drop.append(f"WHEN s.score_{f.name} IS NULL THEN 'missing_score:{f.name}'")
-        bounds = []
-        if f.min is not None:
-            bounds.append(f"s.score_{f.name} < {float(f.min)!r}")
-        if f.max is not None:
-            bounds.append(f"s.score_{f.name} > {float(f.max)!r}")
-        drop.append(f"WHEN {' OR '.join(bounds)} THEN 'filter:{f.name}'")
-    drop.append("WHEN cap.clip_id IS NULL THEN 'no_caption'")
-
-    tier_case = " ".join(f"WHEN {r.where} THEN '{r.name}'" for r in recipe.tiers.rules)
-    tier_expr = (
-        f"CASE {tier_case} ELSE '{recipe.tiers.default}' END"
-        if tier_case
-        else (f"'{recipe.tiers.default}'")
-    )
-    stream_case = " ".join(
-        f"WHEN {s.where} THEN {i}::INTEGER" for i, s in enumerate(recipe.streams)
-    )
-    # Each stream's own match (tier included), for the "matches nothing" check.
-    match_flags = ", ".join(
-        f"coalesce(({s.where}), FALSE) AS _match_{i}" for i, s in enumerate(recipe.streams)
-    )
-    return f"""
-WITH
-  assets AS (
-    SELECT * EXCLUDE (near_duplicates) FROM raw_assets
-    QUALIFY row_number() OVER (PARTITION BY asset_id ORDER BY asset_id) = 1
-  ),
-  eval_assets AS (SELECT asset_id FROM assets WHERE split = 'eval'),
-  eval_dups AS (
-    SELECT DISTINCT asset_id FROM (
-      SELECT a.asset_id FROM assets a JOIN eval_assets e ON a.duplicate_of = e.asset_id
-      UNION ALL
-      SELECT a.duplicate_of FROM assets a JOIN eval_assets e ON a.asset_id = e.asset_id
-        WHERE a.duplicate_of IS NOT NULL
-      UNION ALL
-      SELECT n.asset_id FROM (
-        SELECT asset_id, unnest(near_duplicates) AS other FROM raw_assets
-      ) n JOIN eval_assets e ON n.other = e.asset_id
-    )
-  ),
-  tomb AS (SELECT DISTINCT asset_id FROM raw_tombstones),
-  quar AS (
-    SELECT asset_id FROM raw_asset_events WHERE list_contains($status_events, event)
-    QUALIFY row_number() OVER (
-      PARTITION BY asset_id ORDER BY "at" DESC, list_position($status_events, event)
-    ) = 1 AND event = 'quarantined'
-  ),
-  lat AS (
-    SELECT * FROM raw_latents WHERE tokenizer_version = $tokenizer
-    QUALIFY row_number() OVER (
-      PARTITION BY clip_id, rung ORDER BY ingested_at DESC, object_sha256, member_sha256
-    ) = 1
-  ),
-  s AS (
-    SELECT clip_id{", " + score_cols if score_cols else ""}
-    FROM raw_scores WHERE {score_pairs or "FALSE"} GROUP BY clip_id
-  ),
-  cap1 AS (
-    SELECT clip_id, kind, arg_max(text, ingested_at) AS text,
-           arg_max(text_embedding_sha256, ingested_at) AS emb, {kinds_order} AS pos
-    FROM raw_captions WHERE caption_version = $caption_version AND {kinds_order} > 0
-    GROUP BY clip_id, kind
-  ),
-  cap AS (
-    SELECT clip_id, list(text ORDER BY pos) AS captions,
-           list(emb ORDER BY pos) AS text_embedding_sha256, count(*)::INTEGER AS caption_count
-    FROM cap1 GROUP BY clip_id
-  ),
-  rungs(rung) AS (VALUES {rung_values}),
-  base AS (
-    SELECT
-      c.clip_id, c.asset_id, c.t_start_s, c.t_end_s, c.t_end_s - c.t_start_s AS duration_s,
-      c.fps, c.num_frames, c.width, c.height, c.width::DOUBLE / c.height AS aspect,
-      a.source, a.source_tier, a.license_id, a.territory, a.pii_class,
-      a.probe_codec AS codec, a.probe_bitrate AS bitrate, r.rung,
-      l.latent_frames, l.tokens, coalesce(cap.caption_count, 0) AS caption_count
-      {score_view_cols},
-      l.format, l.object_sha256, l."offset", l.length, l.member_sha256, l.tensor_keys,
-      l.job_id AS latent_job_id, c.job_id AS clip_job_id,
-      cap.captions, cap.text_embedding_sha256,
-      CASE {" ".join(drop)} ELSE NULL END AS drop_reason
-    FROM raw_clips c
-    CROSS JOIN rungs r
-    JOIN assets a ON a.asset_id = c.asset_id
-    LEFT JOIN tomb t ON t.asset_id = c.asset_id
-    LEFT JOIN quar q ON q.asset_id = c.asset_id
-    LEFT JOIN eval_dups ed ON ed.asset_id = c.asset_id
-    LEFT JOIN lat l ON l.clip_id = c.clip_id AND l.rung = r.rung
-    LEFT JOIN s ON s.clip_id = c.clip_id
-    LEFT JOIN cap ON cap.clip_id = c.clip_id
-  ),
-  tiered AS (SELECT *, {tier_expr} AS tier, {match_flags} FROM base)
-SELECT * EXCLUDE (tier), NULL::VARCHAR AS tier, NULL::INTEGER AS stream FROM tiered
-WHERE drop_reason IS NOT NULL
-UNION ALL BY NAME
-SELECT *, CASE {stream_case} ELSE NULL END AS stream FROM tiered WHERE drop_reason IS NULL
-"""
 
 
 def _take_kept(table: pa.Table, drops: dict[str, int]) -> pa.Table:
