@@ -15,8 +15,8 @@ column ``score_<name>`` per score the recipe names (``NULL`` when a clip has non
 ``tier`` is assigned by the tier rules, so it is usable in stream predicates only.
 
 This is vidlake's only predicate validator. A snapshot patch's ``where`` uses it too,
-over the columns of the version's ``manifest.parquet`` (:func:`schema_columns`),
-answered as :class:`~catalog.errors.InvalidSQL` rather than ``InvalidRecipe``.
+over the columns of the version's ``manifest.parquet`` (:func:`schema_columns`); the
+service answers its refusals as ``invalid_sql``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import pyarrow as pa
 import sqlglot
 from sqlglot import exp
 
-from catalog.errors import InvalidInput, InvalidRecipe
+from catalog.errors import InvalidRecipe
 
 __all__ = [
     "ALLOWED_FUNCTIONS",
@@ -219,13 +219,7 @@ def _duckdb_type(kind: pa.DataType) -> str:
     return str(kind).upper()
 
 
-def validate_predicate(
-    sql: str,
-    columns: Mapping[str, str],
-    path: str,
-    *,
-    error: type[InvalidInput] = InvalidRecipe,
-) -> str:
+def validate_predicate(sql: str, columns: Mapping[str, str], path: str) -> str:
     """Check that ``sql`` is one pure boolean expression over ``columns``.
 
     Args:
@@ -233,27 +227,17 @@ def validate_predicate(
         columns: Column name -> DuckDB type it may use (:func:`clip_view_columns`,
             :func:`schema_columns`).
         path: Where the predicate sits in the recipe (or request), for error messages.
-        error: What to raise; the details are the same whatever the class.
 
     Returns:
         The normalised DuckDB SQL for the expression (column names canonical,
         literals re-escaped), safe to splice into ``WHERE (...)``.
 
     Raises:
-        InvalidRecipe: (or ``error``) With ``path`` set, for anything but one
-            allowlisted expression: statements, subqueries, parameters, comments,
-            aggregates, window or unknown functions, unknown or qualified columns
-            (``column`` names it), non-boolean results, or text that does not parse.
+        InvalidRecipe: With ``path`` set, for anything but one allowlisted expression:
+            statements, subqueries, parameters, comments, aggregates, window or
+            unknown functions, unknown or qualified columns (``column`` names it),
+            non-boolean results, or text that does not parse.
     """
-    try:
-        return _validate(sql, columns, path)
-    except InvalidRecipe as exc:
-        if error is InvalidRecipe:
-            raise
-        raise error(exc.message, **exc.details) from None
-
-
-def _validate(sql: str, columns: Mapping[str, str], path: str) -> str:
     if not isinstance(sql, str):
         raise _error(path, f"a predicate must be a string, got {type(sql).__name__}")
     if not sql.strip():

@@ -6,12 +6,13 @@ from __future__ import annotations
 import tempfile
 from typing import Annotated, Any
 
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from fastapi import APIRouter, Header, Path, Query, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from catalog.errors import InvalidInput, InvalidSQL, NotFound
+from catalog.errors import InvalidInput, InvalidRecipe, InvalidSQL, NotFound
 from manifests.inputs import snapshot_inputs_sha256
 from manifests.registry import SnapshotRecord
 from service.cuts import submit_cut
@@ -258,14 +259,22 @@ def diff_snapshots(
 
 
 # -- changing -------------------------------------------------------------------------
-def _rows_matching(services: Services, version: int, where: str) -> list[int]:
-    """Manifest rows of ``version`` where ``where`` holds, resolved in the sandbox."""
+def _checked_predicate(where: str, manifest: pa.Schema) -> str:
+    """``where`` checked by the recipe predicate rules (an allowlist) against the
+    manifest's columns; a refusal is request SQL's 400, not a recipe error."""
     from materializer.predicates import schema_columns, validate_predicate
 
+    try:
+        return validate_predicate(where, schema_columns(manifest), "where")
+    except InvalidRecipe as exc:
+        reason = "column" if "column" in exc.details else "predicate"
+        raise InvalidSQL(exc.message, reason=reason, **exc.details) from None
+
+
+def _rows_matching(services: Services, version: int, where: str) -> list[int]:
+    """Manifest rows of ``version`` where ``where`` holds, resolved in the sandbox."""
     path = services.reader.local(version, "manifest.parquet")
-    columns = schema_columns(pq.read_schema(str(path)))
-    # The recipe's predicate rules (an allowlist), answered as a 400 like bad SQL.
-    predicate = validate_predicate(where, columns, "where", error=InvalidSQL)
+    predicate = _checked_predicate(where, pq.read_schema(str(path)))
     # The shared sandbox: the service's deadline, memory cap and worker processes hold
     # for a predicate exactly as for POST /v1/sql.
     result = services.sandbox.run(

@@ -259,7 +259,7 @@ def test_a_patch_where_is_checked_by_the_recipe_predicate_rules(
         "invalid_sql",
     )
     assert says in error["message"], error
-    assert error["details"]["path"] == "where"
+    assert (error["details"]["path"], error["details"]["reason"]) == ("where", "predicate")
     assert client.get("/v1/snapshots").json()["count"] == count
 
 
@@ -269,7 +269,7 @@ def test_a_patch_where_names_the_column_the_manifest_lacks(client: TestClient) -
         400,
         "invalid_sql",
     )
-    assert error["details"]["column"] == "strem"
+    assert (error["details"]["column"], error["details"]["reason"]) == ("strem", "column")
     assert "unknown column 'strem' (did you mean 'stream'?)" in error["message"]
 
 
