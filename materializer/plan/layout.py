@@ -72,69 +72,23 @@ class PhaseModel:
     def __init__(self, spec: PhaseSpec) -> None:
         self.spec = spec
         at = f"phases[{spec.index}]"
-        pool = spec.pool
-        ordered = np.sort(pool.row)  # (np.unique's hash path is far slower here)
-        if (ordered[1:] == ordered[:-1]).any():
-            raise InvalidInput(f"{at}: pool rows are not unique", field="row", path=at)
-        weights = spec.stream_weights
-        keep = np.isin(pool.stream, np.fromiter(weights, dtype=np.int32))
-        order = np.lexsort((pool.row[keep], pool.bucket[keep], pool.stream[keep]))
-        rows, tokens = pool.row[keep][order], pool.tokens[keep][order]
-        stream, bucket = pool.stream[keep][order], pool.bucket[keep][order]
-        cut = np.flatnonzero((np.diff(stream) != 0) | (np.diff(bucket) != 0)) + 1
-        starts, stops = np.r_[0, cut], np.r_[cut, rows.size]
-        pools: dict[tuple[int, int], tuple[Int64s, Int64s]] = {}
-        for lo, hi in zip(starts.tolist(), stops.tolist(), strict=True):
-            if hi > lo:
-                key = (int(stream[lo]), int(bucket[lo]))
-                pools[key] = (readonly(rows[lo:hi]), readonly(tokens[lo:hi]))
-        present = {k for k, _ in pools}
-        for k in weights:
-            if k not in present:
-                raise InvalidRecipe(
-                    f"{at}: stream {k} has weight {weights[k]:.6g} but no candidate rows",
-                    path=f"{at}.stream_weights[{k}]",
-                    stream=k,
-                )
-        for _, b in pools:
-            if b not in spec.global_batch:
-                raise InvalidRecipe(
-                    f"{at}: bucket {b} has candidate rows but no global batch",
-                    path=f"{at}.global_batch",
-                    bucket=b,
-                )
-        unit = spec.unit
-        # mass_k: what stream k's weight is a share of (its rows, or its tokens).
-        mass = {k: 0.0 for k in weights}
-        for (k, _), (r, t) in pools.items():
-            mass[k] += float(r.size) if unit == "samples" else float(t.sum())
-        for k, m in mass.items():
-            if m <= 0:
-                raise InvalidInput(f"{at}: stream {k} has no tokens", field="tokens", stream=k)
-        # q_kb = w_k n_kb / m_k spreads stream k's weight over buckets by its rows there,
-        # so every pool of k drains at the same rate and k's rows are drawn uniformly.
-        q: dict[int, dict[int, float]] = {}
-        for (k, b), (r, _) in pools.items():
-            q.setdefault(b, {})[k] = weights[k] * r.size / mass[k]
-        bucket_ids = sorted(q)
-        rate = {b: math.fsum(q[b].values()) / spec.global_batch[b] for b in bucket_ids}
+        self.unit = spec.unit
+        self.weights = dict(spec.stream_weights)
+        self.pools = _split_pools(spec, at)
+        _check_coverage(spec, self.pools, at)
+        q = _bucket_weights(spec, self.pools, at)
+        self.bucket_ids = sorted(q)
+        rate = {b: math.fsum(q[b].values()) / spec.global_batch[b] for b in self.bucket_ids}
         z = math.fsum(rate.values())
-        self.unit = unit
-        self.weights = dict(weights)
-        self.bucket_ids = bucket_ids
-        self.sigma = [rate[b] / z for b in bucket_ids]
-        self.pools = pools
+        self.sigma = [rate[b] / z for b in self.bucket_ids]
         self.buckets: list[BucketModel] = []
         u: dict[int, dict[int, float]] = {}
-        for b in bucket_ids:
+        for b in self.bucket_ids:
             streams = sorted(q[b])
             apportioner = Apportioner(np.array([q[b][k] for k in streams]))
             u[b] = dict(zip(streams, apportioner.weights.tolist(), strict=True))
-            self.buckets.append(
-                BucketModel(
-                    b, spec.global_batch[b], streams, apportioner, [pools[(k, b)] for k in streams]
-                )
-            )
+            pools = [self.pools[(k, b)] for k in streams]
+            self.buckets.append(BucketModel(b, spec.global_batch[b], streams, apportioner, pools))
         self.max_batch = max(bm.batch for bm in self.buckets)
         self.quota = {
             (k, bm.bucket): top
@@ -142,11 +96,15 @@ class PhaseModel:
             for k, top in zip(bm.streams, bm.apportioner.max_increments(bm.batch), strict=True)
         }
         if not spec.allow_repeats_in_step:
-            check_quotas(spec.index, self.quota, {key: r.size for key, (r, _) in pools.items()})
-        self.layout = PhaseLayout(
-            unit=unit,
-            stream_weights=MappingProxyType(dict(weights)),
-            bucket_shares=MappingProxyType(dict(zip(bucket_ids, self.sigma, strict=True))),
+            sizes = {key: r.size for key, (r, _) in self.pools.items()}
+            check_quotas(spec.index, self.quota, sizes)
+        self.layout = self._layout(u)
+
+    def _layout(self, u: dict[int, dict[int, float]]) -> PhaseLayout:
+        return PhaseLayout(
+            unit=self.unit,
+            stream_weights=MappingProxyType(dict(self.weights)),
+            bucket_shares=MappingProxyType(dict(zip(self.bucket_ids, self.sigma, strict=True))),
             stream_bucket_weights=MappingProxyType({b: MappingProxyType(u[b]) for b in u}),
             share_bound=MappingProxyType(self._bounds(u)),
             tokens_per_step=self._tokens_per_step(u),
@@ -191,6 +149,70 @@ class PhaseModel:
                 term3 += math.fsum(abs((j == k) - w) * spread[(j, b)] for j in bm.streams)
             out[k] = _l1_center(a, [1.0] * len(a)) + term2 + term3
         return out
+
+
+def _split_pools(spec: PhaseSpec, at: str) -> dict[tuple[int, int], tuple[Int64s, Int64s]]:
+    """The weighted streams' rows by (stream, bucket): rows sorted, with their tokens."""
+    pool = spec.pool
+    ordered = np.sort(pool.row)  # (np.unique's hash path is far slower here)
+    if (ordered[1:] == ordered[:-1]).any():
+        raise InvalidInput(f"{at}: pool rows are not unique", field="row", path=at)
+    keep = np.isin(pool.stream, np.fromiter(spec.stream_weights, dtype=np.int32))
+    order = np.lexsort((pool.row[keep], pool.bucket[keep], pool.stream[keep]))
+    rows, tokens = pool.row[keep][order], pool.tokens[keep][order]
+    stream, bucket = pool.stream[keep][order], pool.bucket[keep][order]
+    cut = np.flatnonzero((np.diff(stream) != 0) | (np.diff(bucket) != 0)) + 1
+    starts, stops = np.r_[0, cut], np.r_[cut, rows.size]
+    pools: dict[tuple[int, int], tuple[Int64s, Int64s]] = {}
+    for lo, hi in zip(starts.tolist(), stops.tolist(), strict=True):
+        if hi > lo:
+            key = (int(stream[lo]), int(bucket[lo]))
+            pools[key] = (readonly(rows[lo:hi]), readonly(tokens[lo:hi]))
+    return pools
+
+
+def _check_coverage(
+    spec: PhaseSpec, pools: Mapping[tuple[int, int], tuple[Int64s, Int64s]], at: str
+) -> None:
+    """Every weighted stream has rows, and every bucket with rows has a global batch."""
+    weights = spec.stream_weights
+    present = {k for k, _ in pools}
+    for k in weights:
+        if k not in present:
+            raise InvalidRecipe(
+                f"{at}: stream {k} has weight {weights[k]:.6g} but no candidate rows",
+                path=f"{at}.stream_weights[{k}]",
+                stream=k,
+            )
+    for _, b in pools:
+        if b not in spec.global_batch:
+            raise InvalidRecipe(
+                f"{at}: bucket {b} has candidate rows but no global batch",
+                path=f"{at}.global_batch",
+                bucket=b,
+            )
+
+
+def _bucket_weights(
+    spec: PhaseSpec, pools: Mapping[tuple[int, int], tuple[Int64s, Int64s]], at: str
+) -> dict[int, dict[int, float]]:
+    """``q_kb = w_k n_kb / m_k``, by bucket then stream.
+
+    ``m_k`` is what stream ``k``'s weight is a share of (its rows, or its tokens), so
+    ``q`` spreads the weight over buckets by the stream's rows there: every pool of
+    ``k`` drains at the same rate and ``k``'s rows are drawn uniformly.
+    """
+    weights = spec.stream_weights
+    mass = {k: 0.0 for k in weights}
+    for (k, _), (r, t) in pools.items():
+        mass[k] += float(r.size) if spec.unit == "samples" else float(t.sum())
+    for k, m in mass.items():
+        if m <= 0:
+            raise InvalidInput(f"{at}: stream {k} has no tokens", field="tokens", stream=k)
+    q: dict[int, dict[int, float]] = {}
+    for (k, b), (r, _) in pools.items():
+        q.setdefault(b, {})[k] = weights[k] * r.size / mass[k]
+    return q
 
 
 def check_quotas(

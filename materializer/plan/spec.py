@@ -106,6 +106,13 @@ class PhaseSpec:
 
     def __post_init__(self) -> None:
         at = f"phases[{self.index}]"
+        self._check_scalars(at)
+        self._check_batches(at)
+        batches = {int(b): int(v) for b, v in sorted(self.global_batch.items())}
+        object.__setattr__(self, "stream_weights", MappingProxyType(self._normalised(at)))
+        object.__setattr__(self, "global_batch", MappingProxyType(batches))
+
+    def _check_scalars(self, at: str) -> None:
         if not _is_int(self.index) or not 0 <= self.index < 2**31:
             raise InvalidRecipe(f"phase index must be in [0, 2**31), got {self.index!r}", path=at)
         if (self.num_steps is None) == (self.token_budget is None):
@@ -121,6 +128,8 @@ class PhaseSpec:
             raise InvalidRecipe(
                 f"{at}.rank_multiple must be a positive integer", path=f"{at}.rank_multiple"
             )
+
+    def _check_batches(self, at: str) -> None:
         if not self.global_batch:
             raise InvalidRecipe(f"{at}.global_batch is empty", path=f"{at}.global_batch")
         for b, batch in self.global_batch.items():
@@ -136,6 +145,9 @@ class PhaseSpec:
                     path=where,
                     bucket=int(b),
                 )
+
+    def _normalised(self, at: str) -> dict[int, float]:
+        """The positive weights, checked, summing to one, by stream id."""
         weights = {}
         for k, w in self.stream_weights.items():
             where = f"{at}.stream_weights[{k}]"
@@ -150,10 +162,7 @@ class PhaseSpec:
                 f"{at}: no stream has a positive weight", path=f"{at}.stream_weights"
             )
         total = math.fsum(weights.values())
-        normalised = {k: w / total for k, w in sorted(weights.items())}
-        batches = {int(b): int(v) for b, v in sorted(self.global_batch.items())}
-        object.__setattr__(self, "stream_weights", MappingProxyType(normalised))
-        object.__setattr__(self, "global_batch", MappingProxyType(batches))
+        return {k: w / total for k, w in sorted(weights.items())}
 
     @property
     def unit(self) -> Literal["samples", "tokens"]:

@@ -133,70 +133,84 @@ class _PhaseRun:
         self.allow_repeats = model.spec.allow_repeats_in_step
 
     def chunk(self, m: int) -> StepChunk:
-        model, k_all = self.model, self.num_streams
+        """The next ``m`` steps of the phase."""
         positions = self.schedule.take(m)
         offsets = np.zeros(m + 1, dtype=np.int64)
         np.cumsum(self.batches[positions], out=offsets[1:])
         rows = np.empty(int(offsets[-1]), dtype=np.int64)
-        samples = np.zeros((k_all, m), dtype=np.int64)
-        tokens = np.zeros((k_all, m), dtype=np.int64)
-        epochs = np.full((k_all, m), np.iinfo(np.int32).max, dtype=np.int64)
+        tally = _Tally(self.num_streams, m)
         steps = np.arange(self.next_step, self.next_step + m, dtype=np.uint64)
-        for bi, bm in enumerate(model.buckets):
+        for bi, bm in enumerate(self.model.buckets):
             idx = np.flatnonzero(positions == bi)
-            walks = self.walks[bi]
             if not idx.size:
-                for k, walk in zip(bm.streams, walks, strict=True):
-                    np.minimum(epochs[k], walk.drawn // walk.n, out=epochs[k])
+                for k, walk in zip(bm.streams, self.walks[bi], strict=True):
+                    np.minimum(tally.epochs[k], walk.drawn // walk.n, out=tally.epochs[k])
                 continue
-            batch, mb = bm.batch, idx.size
-            j0 = self.bucket_steps[bi]
-            seats = np.arange(j0, j0 + mb + 1, dtype=np.int64) * batch
-            counts = np.diff(bm.apportioner.cumulative(seats), axis=0)  # (mb, streams)
-            col = np.cumsum(counts, axis=1) - counts
-            block = np.empty(mb * batch, dtype=np.int64)
-            for si, (k, walk) in enumerate(zip(bm.streams, walks, strict=True)):
-                c = counts[:, si]
-                if not self.allow_repeats and int(c.max()) > walk.n:  # max_increments bounds it
-                    check_quotas(
-                        self.phase, {(k, bm.bucket): int(c.max())}, {(k, bm.bucket): walk.n}
-                    )
-                before = np.cumsum(c) - c
-                drawn = np.zeros(m, dtype=np.int64)
-                drawn[idx] = c
-                pool_epoch = (walk.drawn + np.cumsum(drawn) - drawn) // walk.n
-                np.minimum(epochs[k], pool_epoch, out=epochs[k])
-                total = int(c.sum())
-                if not total:
-                    continue
-                r, t = walk.draw(c)
-                base = np.arange(mb, dtype=np.int64) * batch + col[:, si] - before
-                block[np.repeat(base, c) + np.arange(total)] = r
-                csum = np.zeros(total + 1, dtype=np.int64)
-                np.cumsum(t, out=csum[1:])
-                samples[k, idx] = c
-                tokens[k, idx] = csum[before + c] - csum[before]
+            block = self._draw_bucket(bi, idx, tally)
             # Within-step shuffle: sort slots by mix(step, slot) -- unique keys per step.
+            batch = bm.batch
             keys = (steps[idx] << np.uint64(24))[:, None] | np.arange(batch, dtype=np.uint64)
             keys += self.step_base
             order = np.argsort(mix(keys), axis=1)
-            shuffled = np.take_along_axis(block.reshape(mb, batch), order, axis=1)
+            shuffled = np.take_along_axis(block.reshape(idx.size, batch), order, axis=1)
             dest = offsets[idx][:, None] + np.arange(batch, dtype=np.int64)
             rows[dest.reshape(-1)] = shuffled.reshape(-1)
-            self.bucket_steps[bi] += mb
+            self.bucket_steps[bi] += idx.size
+        epochs = tally.epochs
         epochs[epochs == np.iinfo(np.int32).max] = 0  # streams not sampled in this phase
         chunk = StepChunk(
             phase=self.phase,
             first_step=self.next_step,
-            bucket=np.asarray(model.bucket_ids, dtype=np.int32)[positions],
+            bucket=np.asarray(self.model.bucket_ids, dtype=np.int32)[positions],
             offsets=offsets,
             rows=rows,
             stream_epochs=np.ascontiguousarray(epochs.T, dtype=np.int32),
-            stream_samples=np.ascontiguousarray(samples.T),
-            stream_tokens=np.ascontiguousarray(tokens.T),
+            stream_samples=np.ascontiguousarray(tally.samples.T),
+            stream_tokens=np.ascontiguousarray(tally.tokens.T),
         )
         self.next_step += m
         return chunk
+
+    def _draw_bucket(self, bi: int, idx: Int64s, tally: _Tally) -> Int64s:
+        """The rows of the chunk's steps ``idx`` of bucket ``bi``, step after step, each
+        step's streams in order (``len(idx) * batch`` rows); counts go to ``tally``."""
+        bm, walks = self.model.buckets[bi], self.walks[bi]
+        batch, mb = bm.batch, idx.size
+        j0 = self.bucket_steps[bi]
+        seats = np.arange(j0, j0 + mb + 1, dtype=np.int64) * batch
+        counts = np.diff(bm.apportioner.cumulative(seats), axis=0)  # (mb, streams)
+        col = np.cumsum(counts, axis=1) - counts
+        block = np.empty(mb * batch, dtype=np.int64)
+        for si, (k, walk) in enumerate(zip(bm.streams, walks, strict=True)):
+            c = counts[:, si]
+            if not self.allow_repeats and int(c.max()) > walk.n:  # max_increments bounds it
+                check_quotas(self.phase, {(k, bm.bucket): int(c.max())}, {(k, bm.bucket): walk.n})
+            before = np.cumsum(c) - c
+            drawn = np.zeros(tally.epochs.shape[1], dtype=np.int64)
+            drawn[idx] = c
+            pool_epoch = (walk.drawn + np.cumsum(drawn) - drawn) // walk.n
+            np.minimum(tally.epochs[k], pool_epoch, out=tally.epochs[k])
+            total = int(c.sum())
+            if not total:
+                continue
+            r, t = walk.draw(c)
+            base = np.arange(mb, dtype=np.int64) * batch + col[:, si] - before
+            block[np.repeat(base, c) + np.arange(total)] = r
+            csum = np.zeros(total + 1, dtype=np.int64)
+            np.cumsum(t, out=csum[1:])
+            tally.samples[k, idx] = c
+            tally.tokens[k, idx] = csum[before + c] - csum[before]
+        return block
+
+
+class _Tally:
+    """Per stream and step of one chunk: samples, tokens and the stream's epoch (the
+    smallest epoch of its pools; int32 max until a pool of the stream is seen)."""
+
+    def __init__(self, num_streams: int, m: int) -> None:
+        self.samples = np.zeros((num_streams, m), dtype=np.int64)
+        self.tokens = np.zeros((num_streams, m), dtype=np.int64)
+        self.epochs = np.full((num_streams, m), np.iinfo(np.int32).max, dtype=np.int64)
 
 
 def phase_models(
