@@ -38,9 +38,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from catalog.errors import ChecksumMismatch, Conflict, InvalidInput, StorageError
+from catalog.errors import ChecksumMismatch, Conflict, InvalidInput
 from catalog.hashing import sha256_bytes, sha256_file
 from catalog.objects.refs import RefStore
+from catalog.objects.s3_client import S3Connection, guarded, shared_client, split_s3_url
 
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog
@@ -87,21 +88,28 @@ def _plan_order(plan_path: Path, num_rows: int) -> list[int]:
 class _Sink:
     """Create-only files under a local directory or an ``s3://`` prefix."""
 
-    def __init__(self, out: str) -> None:
+    def __init__(self, out: str, s3_connection: S3Connection) -> None:
         self.out = out.rstrip("/")
         self.s3 = out.startswith("s3://")
+        self.s3_connection = s3_connection
         if not self.s3:
             Path(self.out).mkdir(parents=True, exist_ok=True)
 
     def put_file(self, name: str, path: Path) -> None:
         if self.s3:
-            from catalog.objects.refs import _s3, _s3_parts
-
-            bucket, key = _s3_parts(f"{self.out}/{name}")
+            url = f"{self.out}/{name}"
+            bucket, key = split_s3_url(url)
+            client = shared_client(self.s3_connection)
             with open(path, "rb") as f:
-                self._s3_put(
-                    lambda: _s3().put_object(Bucket=bucket, Key=key, Body=f, IfNoneMatch="*"), name
-                )
+                try:
+                    guarded(
+                        "put",
+                        url,
+                        lambda: client.put_object(Bucket=bucket, Key=key, Body=f, IfNoneMatch="*"),
+                        key=name,
+                    )
+                except Conflict:  # a 412 (or a concurrent write): the name is taken
+                    raise Conflict(f"{url} already exists", key=name) from None
             return
         dest = Path(self.out) / name
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -119,17 +127,6 @@ class _Sink:
             os.fsync(f.fileno())
             f.close()
             self.put_file(name, tmp)
-
-    def _s3_put(self, call: Callable[[], Any], name: str) -> None:
-        from botocore.exceptions import ClientError
-
-        try:
-            call()
-        except ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in ("PreconditionFailed", "ConditionalRequestConflict", "412"):
-                raise Conflict(f"{self.out}/{name} already exists", key=name) from exc
-            raise StorageError(f"writing {self.out}/{name} failed: {exc}") from exc
 
 
 @contextlib.contextmanager
@@ -280,7 +277,7 @@ def export_tar_shards(
     clip_of = {r["clip_id"]: r for r in clips.to_pylist()}
     report("read", 1.0)
 
-    sink = _Sink(str(out))
+    sink = _Sink(str(out), catalog.objects.s3_connection)
     staging = Path(tempfile.gettempdir()) if sink.s3 else Path(sink.out)
     store = RefStore(catalog.objects)
     open_shards: dict[str, _Shard] = {}

@@ -433,7 +433,7 @@ def import_tar_shards(
     """
     opts = options or ImportOptions()
     report_progress = progress or (lambda stage, fraction: None)
-    src = open_range_source(source)
+    src = open_range_source(source, catalog.objects.s3_connection)
     report_progress("manifest", 0.0)
     manifest = read_manifest(src, revision)
     report_progress("manifest", 1.0)
