@@ -16,7 +16,7 @@ Readers resolve an absent object through its reference:
   hashed; a size or SHA-256 that differs from the reference raises
   :class:`ChecksumMismatch` and leaves nothing behind (the full-shard check). The
   failure is recorded as ``refs/failed/<sha256>.json`` so that the catalog side can
-  quarantine what depends on it (:func:`catalog.interop.tar_import.quarantine_failed`).
+  quarantine what depends on it (:func:`interop.tar_import.quarantine_failed`).
 
 :class:`RefStore` wraps any store with those fallbacks for code that takes an
 :class:`ObjectStore`. A reference never makes a stored object: ``iter_objects`` lists

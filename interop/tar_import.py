@@ -15,7 +15,7 @@ What the import does, and why:
 
 * Reads the manifest at the revision asked for, and only the shards it lists (no
   listing, so an unlisted TAR is never opened).
-* Indexes each shard by its headers (:mod:`catalog.interop.tar_index`): member offsets
+* Indexes each shard by its headers (:mod:`interop.tar_index`): member offsets
   and lengths, plus the small sidecar ``.json`` members inline.
 * Registers each shard as an external object (:mod:`catalog.objects.refs`) under its
   manifest SHA-256 and size: not a byte is copied.
@@ -54,9 +54,9 @@ import pyarrow.compute as pc
 
 from catalog.errors import ChecksumMismatch, InvalidInput
 from catalog.hashing import is_sha256, sha256_bytes
-from catalog.interop.sources import RangeSource, open_range_source
-from catalog.interop.tar_index import TarIndex, index_tar
 from catalog.objects.refs import ObjectRef, RefStore, get_ref, list_failed, put_ref
+from interop.sources import RangeSource, open_range_source
+from interop.tar_index import TarIndex, index_tar
 
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog

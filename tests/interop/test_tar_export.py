@@ -13,13 +13,13 @@ import pytest
 
 from catalog.catalog import CatalogConfig, VidlakeCatalog
 from catalog.errors import ChecksumMismatch, Conflict
-from catalog.interop.tar_export import export_tar_shards
-from catalog.interop.tar_import import import_tar_shards, verify_shards
+from interop.tar_export import export_tar_shards
+from interop.tar_import import import_tar_shards, verify_shards
 from manifests.registry import Registry
 from materializer.cut import cut_snapshot
-from tests.catalog._tar_data import make_dataset
-from tests.catalog.test_tar_import import _recipe
 from tests.fixtures.s3 import s3_client
+from tests.interop._tar_data import make_dataset
+from tests.interop.test_tar_import import _recipe
 
 SALT = "cd" * 16
 

@@ -11,7 +11,7 @@ Teams that consume WebDataset-style shards can train on a vidlake cut unchanged:
   field an import needs to recreate the same clip ids, captions and scores, so that
   export → import → cut the same recipe gives the same sample sequence).
 * ``manifest.json`` and ``manifests/v000001.json``: the format
-  :mod:`catalog.interop.tar_import` reads (size and SHA-256 per shard and per member),
+  :mod:`interop.tar_import` reads (size and SHA-256 per shard and per member),
   written after every shard.
 
 Writes never overwrite: local files are written to a temp name, fsync'd and linked
@@ -34,7 +34,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -69,18 +68,23 @@ class ExportReport:
         return asdict(self)
 
 
-def _plan_order(plan_path: Path, num_rows: int) -> list[int]:
-    """Manifest rows in the order the plan first serves them, then the unserved ones."""
+def _plan_order(registry: Registry, version: int, num_rows: int) -> list[int]:
+    """Manifest rows in the order the plan first serves them, then the unserved ones
+    (the plan is read by the loader's reader, as a training rank would)."""
+    from loader.plan import open_plan
+    from loader.source import StoreSource
+
     seen = bytearray(num_rows)
     order: list[int] = []
-    with pa.memory_map(str(plan_path)) as source:
-        reader = pa.ipc.open_file(source)
-        for i in range(reader.num_record_batches):
-            for rows in reader.get_batch(i).column("rows").to_pylist():
-                for r in rows:
-                    if not seen[r]:
-                        seen[r] = 1
-                        order.append(r)
+    with (
+        tempfile.TemporaryDirectory(prefix="vidlake-export-plan-") as cache,
+        open_plan(StoreSource(registry.store), version, cache) as plan,
+    ):
+        for step in range(plan.num_steps):
+            for r in plan.global_rows(step).tolist():
+                if not seen[r]:
+                    seen[r] = 1
+                    order.append(r)
     order.extend(r for r in range(num_rows) if not seen[r])
     return order
 
@@ -269,8 +273,7 @@ def export_tar_shards(
     report("read", 0.0)
     with registry.local_artifact(version, "manifest.parquet") as mpath:
         manifest = pq.read_table(mpath)
-    with registry.local_artifact(version, "plan.arrow") as ppath:
-        order = _plan_order(ppath, manifest.num_rows)
+    order = _plan_order(registry, version, manifest.num_rows)
     pin = Pin.from_dict(snap["catalog_snapshot_ids"])
     clips = catalog.scan("clips", pin, ["clip_id", "split_version"])
     clips = clips.filter(pc.is_in(clips["clip_id"], value_set=pc.unique(manifest["clip_id"])))
