@@ -11,7 +11,7 @@ Teams that consume WebDataset-style shards can train on a vidlake cut unchanged:
   field an import needs to recreate the same clip ids, captions and scores, so that
   export → import → cut the same recipe gives the same sample sequence).
 * ``manifest.json`` and ``manifests/v000001.json``: the format
-  :mod:`interop.tar_import` reads (size and SHA-256 per shard and per member),
+  :mod:`interop.tar_manifest` defines (size and SHA-256 per shard and per member),
   written after every shard.
 
 Writes never overwrite: local files are written to a temp name, fsync'd and linked
