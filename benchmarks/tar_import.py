@@ -4,8 +4,8 @@ Writes ``--shards`` TAR shards of ``--samples`` ``<id>.pt`` + ``<id>.json`` pair
 (``torch.save`` of a (16, T, h, w) bfloat16 latent of about ``--latent-kib`` KiB) into a
 temp directory, plus the same ``.pt`` members extracted as files, then measures:
 
-* indexing every shard through ranged reads (:func:`catalog.interop.tar_index.index_tar`
-  on a :class:`~catalog.interop.sources.RangeSource`): samples indexed per second and
+* indexing every shard through ranged reads (:func:`interop.tar_index.index_tar`
+  on a :class:`~interop.sources.RangeSource`): samples indexed per second and
   ``index_read_fraction`` = bytes read / shard bytes (goal ≤ 0.01);
 * warm-page-cache reading of every member as the loader does it
   (:func:`loader.decode.read_member`: a ranged read checked against the member SHA-256,
@@ -87,8 +87,8 @@ def main() -> None:
     if args.full:
         args.shards, args.samples, args.latent_kib = 4, 60, 24 * 1024
 
-    from catalog.interop.sources import RangeSource
-    from catalog.interop.tar_index import index_tar
+    from interop.sources import RangeSource
+    from interop.tar_index import index_tar
     from loader.decode import decode_bytes, read_member
 
     with tempfile.TemporaryDirectory(prefix="vidlake-bench-tar-") as tmp:

@@ -1,8 +1,12 @@
 """vidlake's exception tree.
 
 Every error vidlake raises on purpose derives from :class:`VidlakeError`; context rides
-as attributes, never only in the message. The service maps the tree to HTTP once, in
-one handler (``code`` is the machine-readable name it puts in the error body)::
+in ``details`` (and as attributes), never only in the message. ``code``, ``message`` and
+``details`` are reserved: a detail of that name (or of any other attribute of the class,
+such as ``http_status``) stays in ``details`` only, so ``StorageError("…",
+code="AccessDenied")`` still answers ``storage_error``. The message is positional-only.
+The service maps the tree to HTTP once, in one handler (``code`` is the machine-readable
+name it puts in the error body)::
 
     VidlakeError
     ├── NotFound                404  an object, table, version, job or clip is absent
@@ -48,18 +52,23 @@ __all__ = [
 ]
 
 
+#: Names a detail never takes over as an attribute (the error body's own fields).
+_RESERVED = frozenset({"code", "message", "details"})
+
+
 class VidlakeError(Exception):
     """Root of every error vidlake raises on purpose."""
 
     code = "error"
     http_status = 500
 
-    def __init__(self, message: str, **details: Any) -> None:
+    def __init__(self, message: str, /, **details: Any) -> None:
         super().__init__(message)
         self.message = message
         self.details: dict[str, Any] = details
         for key, value in details.items():
-            setattr(self, key, value)
+            if key not in _RESERVED and not hasattr(type(self), key):
+                setattr(self, key, value)
 
     def to_dict(self) -> dict[str, Any]:
         """The service's error body: ``{"code", "message", "details"}``."""

@@ -1,11 +1,11 @@
 """``vidlake import …`` and ``vidlake export …``: TAR-shard training caches.
 
 * ``vidlake import tar-shards SOURCE [--revision vNNNNNN]`` adopts a TAR-shard dataset
-  by reference (:mod:`catalog.interop.tar_import`); ``--verify`` then hashes every
+  by reference (:mod:`interop.tar_import`); ``--verify`` then hashes every
   referenced shard in full and quarantines the samples of any that fail.
 * ``vidlake import tar-shards-verify`` runs that full check alone.
 * ``vidlake export tar-shards --snapshot V --out DIR|s3://…`` writes a snapshot as
-  bucket-pure TAR shards with a manifest (:mod:`catalog.interop.tar_export`).
+  bucket-pure TAR shards with a manifest (:mod:`interop.tar_export`).
 
 All work on the embedded (or configured) catalog of ``vidlake config``; long work
 shows progress bars on stderr, ``--json`` prints the report for scripts.
@@ -72,7 +72,7 @@ def import_tar_shards_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Adopt a TAR-shard dataset without copying a byte (headers-only indexing)."""
-    from catalog.interop.tar_import import ImportOptions, import_tar_shards, verify_shards
+    from interop.tar_import import ImportOptions, import_tar_shards, verify_shards
 
     cli = _helpers()
     options = ImportOptions(
@@ -97,7 +97,7 @@ def import_tar_shards_cmd(
 @import_app.command("tar-shards-verify")
 def verify_tar_shards_cmd(as_json: JsonOpt = False) -> None:
     """Hash every referenced TAR shard in full; quarantine the samples of any that fail."""
-    from catalog.interop.tar_import import verify_shards
+    from interop.tar_import import verify_shards
 
     cli = _helpers()
     lake = cli._lake()
@@ -117,7 +117,7 @@ def export_tar_shards_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Write a snapshot as bucket-pure TAR shards in plan order, with a manifest."""
-    from catalog.interop.tar_export import export_tar_shards
+    from interop.tar_export import export_tar_shards
 
     cli = _helpers()
     lake = cli._lake()

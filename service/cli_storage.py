@@ -24,7 +24,10 @@ storage_app = typer.Typer(
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON summary.")]
 EndpointOpt = Annotated[
     str | None,
-    typer.Option("--endpoint-url", help="S3-compatible endpoint (else AWS_ENDPOINT_URL)."),
+    typer.Option(
+        "--endpoint-url",
+        help="S3-compatible endpoint (else VIDLAKE_S3_ENDPOINT_URL, else AWS_ENDPOINT_URL).",
+    ),
 ]
 
 
@@ -33,6 +36,21 @@ def _lake() -> Any:
     from service.settings import get_settings
 
     return Lake(get_settings())
+
+
+def _bucket_store(bucket: str, prefix: str, endpoint_url: str | None) -> Any:
+    """The bucket store of ``--bucket``/``--prefix``: ``--endpoint-url``, else the
+    settings' endpoint and path style (the store reads no setting of its own)."""
+    from catalog.objects.s3 import S3ObjectStore
+    from service.settings import get_settings
+
+    settings = get_settings()
+    return S3ObjectStore(
+        bucket,
+        prefix,
+        endpoint_url=endpoint_url or settings.s3_endpoint_url,
+        path_style=settings.s3_path_style or None,
+    )
 
 
 def _emit(as_json: bool, summary: dict[str, Any], text: str) -> None:
@@ -103,13 +121,12 @@ def upload(
     as_json: JsonOpt = False,
 ) -> None:
     """Upload an inventory, content-addressed and verified; resumable; fails on any change."""
-    from catalog.objects.s3 import S3ObjectStore
     from manifests.storage.inventory import read_inventory
     from manifests.storage.upload import upload_entries
 
     try:
         inv = read_inventory(inventory_file)
-        store = S3ObjectStore(bucket, prefix, endpoint_url=endpoint_url)
+        store = _bucket_store(bucket, prefix, endpoint_url)
         with _bar("upload", inv.total_bytes, as_json) as tick:
             report = upload_entries(
                 inv.entries,
@@ -145,12 +162,11 @@ def seal(
 ) -> None:
     """Refuse unless every entry has a verified receipt and every object verifies by content
     in the bucket; write and verify the restore spec."""
-    from catalog.objects.s3 import S3ObjectStore
     from manifests.storage.inventory import read_inventory
     from manifests.storage.seal import seal as do_seal
 
     try:
-        store = S3ObjectStore(bucket, prefix, endpoint_url=endpoint_url)
+        store = _bucket_store(bucket, prefix, endpoint_url)
         pointer = do_seal(read_inventory(inventory_file), receipts, store, out)
     except Exception as exc:
         _fail(exc)
@@ -282,7 +298,6 @@ def watch(
     from rich.live import Live
     from rich.text import Text
 
-    from catalog.objects.s3 import S3ObjectStore
     from manifests.storage.watch import Watcher, WatchStatus
 
     def line(s: WatchStatus) -> Text:
@@ -293,7 +308,7 @@ def watch(
         )
 
     try:
-        store = S3ObjectStore(bucket, prefix, endpoint_url=endpoint_url)
+        store = _bucket_store(bucket, prefix, endpoint_url)
         watcher = Watcher(
             directory,
             store,

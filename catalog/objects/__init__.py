@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from catalog.objects.base import ObjectInfo, ObjectStore, PutResult, object_key
+from catalog.objects.s3_client import S3Connection
 
-__all__ = ["ObjectInfo", "ObjectStore", "PutResult", "object_key", "open_store"]
+__all__ = ["ObjectInfo", "ObjectStore", "PutResult", "S3Connection", "object_key", "open_store"]
 
 
 def open_store(
@@ -17,8 +18,9 @@ def open_store(
 
     ``s3://bucket/prefix`` opens an S3 store (boto3's default credential chain;
     ``endpoint_url`` or ``AWS_ENDPOINT_URL`` for compatible endpoints; ``path_style``
-    or ``VIDLAKE_S3_PATH_STYLE=1`` for path-style addressing). Anything else —
-    ``file:///dir`` or a plain path — opens a local directory store.
+    for path-style addressing). Anything else — ``file:///dir`` or a plain path — opens
+    a local directory store, which reads the ``s3://`` objects it references through
+    the same endpoint and path style.
     """
     if url.startswith("s3://"):
         from catalog.objects.s3 import S3ObjectStore
@@ -27,4 +29,5 @@ def open_store(
     from catalog.objects.local import LocalObjectStore
 
     path = url.removeprefix("file://")
-    return LocalObjectStore(path)
+    s3 = S3Connection(endpoint_url=endpoint_url, path_style=path_style)
+    return LocalObjectStore(path, s3_connection=s3)

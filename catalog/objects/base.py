@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from catalog.hashing import require_sha256
+from catalog.objects.s3_client import S3Connection
 
 __all__ = ["OBJECTS_DIR", "ObjectInfo", "ObjectStore", "PutResult", "check_key", "object_key"]
 
@@ -98,6 +99,10 @@ class ObjectStore(ABC):
 
     #: A URL that reopens this store with :func:`catalog.objects.open_store`.
     url: str
+
+    #: How to reach ``s3://`` URLs: an S3 store's own connection; for any store, the one
+    #: its references to S3 objects are read with (:mod:`catalog.objects.refs`).
+    s3_connection: S3Connection = S3Connection()
 
     # -- content-addressed objects -------------------------------------------------
     @abstractmethod

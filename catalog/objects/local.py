@@ -39,6 +39,7 @@ from catalog.objects.base import (
     log,
     object_key,
 )
+from catalog.objects.s3_client import S3Connection
 
 __all__ = ["LocalObjectStore"]
 
@@ -56,12 +57,21 @@ class LocalObjectStore(ObjectStore):
         verify_existing: When a put finds its object already stored, re-hash it
             whatever its size (by default only objects up to 64 MiB are re-hashed;
             larger ones get a size check).
+        s3_connection: How to read the ``s3://`` objects this store references
+            (:mod:`catalog.objects.refs`); default boto3's own configuration.
     """
 
-    def __init__(self, root: str | Path, *, verify_existing: bool = False) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        verify_existing: bool = False,
+        s3_connection: S3Connection | None = None,
+    ) -> None:
         self.root = Path(root).absolute()
         self.verify_existing = verify_existing
         self.url = self.root.as_uri()
+        self.s3_connection = s3_connection or S3Connection()
 
     def __repr__(self) -> str:
         return f"LocalObjectStore({str(self.root)!r})"

@@ -16,15 +16,17 @@ Readers resolve an absent object through its reference:
   hashed; a size or SHA-256 that differs from the reference raises
   :class:`ChecksumMismatch` and leaves nothing behind (the full-shard check). The
   failure is recorded as ``refs/failed/<sha256>.json`` so that the catalog side can
-  quarantine what depends on it (:func:`catalog.interop.tar_import.quarantine_failed`).
+  quarantine what depends on it (:func:`interop.tar_import.quarantine_failed`).
 
 :class:`RefStore` wraps any store with those fallbacks for code that takes an
 :class:`ObjectStore`. A reference never makes a stored object: ``iter_objects`` lists
 only real objects, and ``delete`` of a referenced object erases nothing (the bytes are
 not ours to erase; a hard takedown of adopted data must go to its publisher).
 
-This module imports only the standard library (boto3 lazily for ``s3://``), so the
-loader may use it on a GPU node.
+``s3://`` URLs are read with the store's :attr:`ObjectStore.s3_connection` (the
+endpoint, path style and region it was opened with), through the one client factory
+and error translator of :mod:`catalog.objects.s3_client`. This module imports only the
+standard library (boto3 lazily for ``s3://``), so the loader may use it on a GPU node.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ import contextlib
 import hashlib
 import json
 import os
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -46,6 +47,7 @@ from typing import Any
 from catalog.errors import ChecksumMismatch, Conflict, InvalidInput, NotFound, StorageError
 from catalog.hashing import CHUNK, require_sha256
 from catalog.objects.base import ObjectInfo, ObjectStore, PutResult
+from catalog.objects.s3_client import S3Connection, guarded, shared_client, split_s3_url
 
 __all__ = [
     "ObjectRef",
@@ -167,7 +169,7 @@ def resolve_range(store: ObjectStore, sha256: str, offset: int, length: int) -> 
             f"range [{offset}, +{length}) passes the end of {sha256} ({ref.size} bytes)",
             sha256=sha256,
         )
-    return read_url_range(ref.url, offset, length)
+    return read_url_range(ref.url, offset, length, store.s3_connection)
 
 
 def download_ref(store: ObjectStore, sha256: str, dest: str | Path) -> ObjectInfo:
@@ -184,7 +186,7 @@ def download_ref(store: ObjectStore, sha256: str, dest: str | Path) -> ObjectInf
     digest, size = hashlib.sha256(), 0
     try:
         with open(tmp, "xb") as out:
-            for chunk in iter_url(ref.url):
+            for chunk in iter_url(ref.url, store.s3_connection):
                 digest.update(chunk)
                 out.write(chunk)
                 size += len(chunk)
@@ -222,44 +224,15 @@ def list_failed(store: ObjectStore) -> list[str]:
 
 
 # -- reading URLs -------------------------------------------------------------------------
-_S3_LOCAL = threading.local()
-
-
-def _s3() -> Any:
-    """One boto3 client per thread and process (boto3's default chain and endpoint)."""
-    pid = os.getpid()
-    client = getattr(_S3_LOCAL, "client", None)
-    if client is None or getattr(_S3_LOCAL, "pid", 0) != pid:
-        import boto3
-
-        client = boto3.session.Session().client("s3")
-        _S3_LOCAL.client, _S3_LOCAL.pid = client, pid
-    return client
-
-
-def _s3_parts(url: str) -> tuple[str, str]:
-    bucket, _, key = url.removeprefix("s3://").partition("/")
-    if not bucket or not key:
-        raise InvalidInput(f"not an s3://bucket/key URL: {url!r}", url=url)
-    return bucket, key
-
-
 def _local(url: str) -> Path:
     return Path(urllib.parse.unquote(urllib.parse.urlparse(url).path))
 
 
-def _s3_call(url: str, fn: Any) -> Any:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        return fn()
-    except ClientError as exc:
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        if code in ("404", "NoSuchKey", "NotFound"):
-            raise NotFound(f"{url} does not exist", url=url) from exc
-        raise StorageError(f"reading {url} failed: {exc}", url=url, code=code) from exc
-    except BotoCoreError as exc:
-        raise StorageError(f"reading {url} failed: {exc}", url=url) from exc
+def _s3_call(url: str, s3: S3Connection | None, call: Any) -> Any:
+    """``call(client, bucket, key)`` for ``url`` on ``s3``, botocore errors translated."""
+    bucket, key = split_s3_url(url)
+    client = shared_client(s3 or S3Connection())
+    return guarded("get", url, lambda: call(client, bucket, key), url=url)
 
 
 def _http(url: str, headers: dict[str, str] | None = None, method: str = "GET") -> Any:
@@ -275,8 +248,9 @@ def _http(url: str, headers: dict[str, str] | None = None, method: str = "GET") 
         raise StorageError(f"{method} {url} failed: {exc}", url=url) from exc
 
 
-def read_url_range(url: str, offset: int, length: int) -> bytes:
-    """``length`` bytes at ``offset`` of the file at ``url`` (short only at its end).
+def read_url_range(url: str, offset: int, length: int, s3: S3Connection | None = None) -> bytes:
+    """``length`` bytes at ``offset`` of the file at ``url`` (short only at its end);
+    ``s3`` says how to reach an ``s3://`` URL (default: boto3's own configuration).
 
     HTTP(S) servers must honour ``Range`` (206); one that answers 200 is refused rather
     than downloading a whole shard to read a header.
@@ -291,10 +265,9 @@ def read_url_range(url: str, offset: int, length: int) -> bytes:
         except FileNotFoundError:
             raise NotFound(f"{url} does not exist", url=url) from None
     if url.startswith("s3://"):
-        bucket, key = _s3_parts(url)
         rng = f"bytes={offset}-{offset + length - 1}"
-        resp = _s3_call(url, lambda: _s3().get_object(Bucket=bucket, Key=key, Range=rng))
-        data: bytes = _s3_call(url, resp["Body"].read)
+        resp = _s3_call(url, s3, lambda c, b, k: c.get_object(Bucket=b, Key=k, Range=rng))
+        data: bytes = guarded("get", url, resp["Body"].read, url=url)
         return data
     with _http(url, {"Range": f"bytes={offset}-{offset + length - 1}"}) as resp:
         if resp.status != 206:
@@ -306,16 +279,15 @@ def read_url_range(url: str, offset: int, length: int) -> bytes:
         return body
 
 
-def url_size(url: str) -> int:
-    """The size in bytes of the file at ``url`` (a stat, HEAD or HeadObject)."""
+def url_size(url: str, s3: S3Connection | None = None) -> int:
+    """The size in bytes of the file at ``url`` (a stat, HEAD or HeadObject on ``s3``)."""
     if url.startswith("file://"):
         try:
             return _local(url).stat().st_size
         except FileNotFoundError:
             raise NotFound(f"{url} does not exist", url=url) from None
     if url.startswith("s3://"):
-        bucket, key = _s3_parts(url)
-        head = _s3_call(url, lambda: _s3().head_object(Bucket=bucket, Key=key))
+        head = _s3_call(url, s3, lambda c, b, k: c.head_object(Bucket=b, Key=k))
         return int(head["ContentLength"])
     with _http(url, method="HEAD") as resp:
         length = resp.headers.get("Content-Length")
@@ -324,8 +296,9 @@ def url_size(url: str) -> int:
     return int(length)
 
 
-def iter_url(url: str) -> Iterator[bytes]:
-    """The whole file at ``url`` in chunks (streamed, never held in memory)."""
+def iter_url(url: str, s3: S3Connection | None = None) -> Iterator[bytes]:
+    """The whole file at ``url`` in chunks (streamed, never held in memory; ``s3`` as
+    for :func:`read_url_range`)."""
     if url.startswith("file://"):
         try:
             f = open(_local(url), "rb")  # noqa: SIM115 - closed below, in the generator
@@ -336,10 +309,9 @@ def iter_url(url: str) -> Iterator[bytes]:
                 yield chunk
         return
     if url.startswith("s3://"):
-        bucket, key = _s3_parts(url)
-        resp = _s3_call(url, lambda: _s3().get_object(Bucket=bucket, Key=key))
+        resp = _s3_call(url, s3, lambda c, b, k: c.get_object(Bucket=b, Key=k))
         body = resp["Body"]
-        while chunk := _s3_call(url, lambda: body.read(CHUNK)):
+        while chunk := guarded("get", url, lambda: body.read(CHUNK), url=url):
             yield chunk
         return
     with _http(url) as resp:
@@ -356,6 +328,7 @@ class RefStore(ObjectStore):
     def __init__(self, inner: ObjectStore) -> None:
         self.inner = inner
         self.url = inner.url
+        self.s3_connection = inner.s3_connection
 
     def __repr__(self) -> str:
         return f"RefStore({self.inner!r})"
@@ -374,7 +347,7 @@ class RefStore(ObjectStore):
             return self.inner.get(sha256)
         except NotFound:
             ref = _require_ref(self.inner, sha256)
-        data = b"".join(iter_url(ref.url))
+        data = b"".join(iter_url(ref.url, self.s3_connection))
         actual = hashlib.sha256(data).hexdigest()
         if actual != sha256 or len(data) != ref.size:
             record_failure(self.inner, ref, actual, len(data))
@@ -397,7 +370,7 @@ class RefStore(ObjectStore):
             return self.inner.verify(sha256)
         ref = _require_ref(self.inner, sha256)
         digest, size = hashlib.sha256(), 0
-        for chunk in iter_url(ref.url):
+        for chunk in iter_url(ref.url, self.s3_connection):
             digest.update(chunk)
             size += len(chunk)
         if digest.hexdigest() != sha256 or size != ref.size:

@@ -12,36 +12,32 @@ What it relies on from the endpoint, and what it does where an endpoint falls sh
   (400 ``BadDigest`` → :class:`ChecksumMismatch`). The upload is also re-hashed while it
   streams, so a file that changes under us never completes. (moto stores the
   checksum it is sent without checking it; the tests do not lean on that check.)
-* **Verification by content.** A stored SHA-256 is only as good as the endpoint that
-  keeps it: moto (and some S3-compatible servers) store whatever checksum a client
-  sends without checking it, so a corrupt object can carry the "right" one. ``verify``
-  therefore trusts ``HeadObject``'s checksum only once the endpoint has *proven* that it
-  computes checksums itself: a probe PUT (once per store, to a throw-away key under
-  ``_vidlake/``) sends a deliberately wrong SHA-256, and only an endpoint that refuses
-  it (``BadDigest``, as AWS S3 does) is trusted (``checksums_proven``). An endpoint
-  that accepts it (the probe object is deleted again), or a probe that fails in any
-  other way (a read-only credential), proves nothing: then every ``verify`` reads the
-  object in full and hashes it. Even a trusted checksum counts only when it covers the
-  whole object: ``ChecksumType`` is ``FULL_OBJECT``, or, where the endpoint reports no
-  type, the object came from a single PUT (its ETag has no ``-N`` part count and the
-  value no ``-N`` suffix). A composite multipart checksum or an ETag is never taken as
-  a content hash.
+* **Verification by content.** ``verify`` trusts ``HeadObject``'s SHA-256 only once
+  the endpoint has *proven* that it checks the checksums clients send (a probe once
+  per store, ``checksums_proven``), and only a full-object one; otherwise it reads the
+  object in full and hashes it (:mod:`catalog.objects.s3_checksums` says why).
 * **Retries.** botocore's ``standard`` (or ``adaptive``) retry mode backs off on
   throttling, 5xx and connection errors.
 
-Connection settings follow boto3: the default credential chain, ``AWS_ENDPOINT_URL``
-(or ``endpoint_url``), and path-style addressing with ``path_style=True`` or
-``VIDLAKE_S3_PATH_STYLE=1``. The client is created on first use and dropped when the
-store is pickled, so a store travels into DataLoader workers and forked processes.
+Connection settings are an :class:`~catalog.objects.s3_client.S3Connection` (endpoint,
+path style, region, retries) that the caller passes in; this module reads no setting
+or environment variable of its own (boto3 still applies its credential chain and
+``AWS_ENDPOINT_URL``). Multipart uploads are in :mod:`catalog.objects.s3_multipart`.
+The client is created on first use and dropped when the store is pickled, so a store
+travels into DataLoader workers and forked processes.
+
+Why this module is longer than ~500 lines: it is one class, the whole
+:class:`ObjectStore` contract on S3, whose short methods share the client, the key
+prefix and the error context (splitting it would scatter one object's state). What
+stands alone is elsewhere: the client factory and error translation
+(``s3_client``), multipart uploads (``s3_multipart``), checksum trust (``s3_checksums``).
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 import hashlib
 import io
-import math
 import os
 import random
 import threading
@@ -49,14 +45,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, Literal, NoReturn, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 from catalog.errors import (
     ChecksumMismatch,
     Conflict,
     InvalidInput,
     NotFound,
-    NotInstalled,
     StorageError,
     VidlakeError,
 )
@@ -77,14 +72,22 @@ from catalog.objects.local import (
     _fsync_dir,
     _range_error,
 )
+from catalog.objects.s3_checksums import b64, full_object_sha256, probe_checksums
+from catalog.objects.s3_client import (
+    KeyExists,
+    RetryMode,
+    S3Connection,
+    WriteInFlight,
+    guarded,
+    is_stream_error,
+    make_client,
+    translate,
+)
+from catalog.objects.s3_multipart import MIN_PART, upload_multipart
 
 __all__ = ["S3ObjectStore"]
 
 MiB = 1024 * 1024
-_MIN_PART = 5 * MiB  # S3's minimum size of every part but the last
-_MAX_PARTS = 10_000
-_NOT_FOUND_CODES = frozenset({"404", "NoSuchKey", "NotFound"})
-_DIGEST_CODES = frozenset({"BadDigest", "InvalidDigest", "XAmzContentSHA256Mismatch"})
 _T = TypeVar("_T")
 
 
@@ -95,8 +98,7 @@ class S3ObjectStore(ObjectStore):
         bucket: The bucket (it must exist).
         prefix: Key prefix of this store (``objects/`` and named keys live under it).
         endpoint_url: An S3-compatible endpoint; default ``AWS_ENDPOINT_URL`` or AWS.
-        path_style: Path-style addressing; default ``VIDLAKE_S3_PATH_STYLE=1`` or
-            botocore's automatic choice.
+        path_style: Path-style addressing; default botocore's configured choice.
         region_name: The region; default boto3's (``AWS_DEFAULT_REGION``, config).
         multipart_threshold: Files larger than this go up as multipart uploads,
             streamed part by part (only one part is in memory at a time).
@@ -129,37 +131,31 @@ class S3ObjectStore(ObjectStore):
         region_name: str | None = None,
         multipart_threshold: int = 64 * MiB,
         part_size: int = 16 * MiB,
-        retry_mode: Literal["standard", "adaptive"] = "standard",
+        retry_mode: RetryMode = "standard",
         max_attempts: int = 8,
         verify_existing: bool = False,
     ) -> None:
         if not bucket or "/" in bucket:
             raise InvalidInput(f"invalid bucket name {bucket!r}", field="bucket")
-        if part_size < _MIN_PART:
+        if part_size < MIN_PART:
             raise InvalidInput(
-                f"part_size must be at least {_MIN_PART} bytes (S3's minimum), got {part_size}",
+                f"part_size must be at least {MIN_PART} bytes (S3's minimum), got {part_size}",
                 field="part_size",
             )
-        if max_attempts < 1:
-            raise InvalidInput("max_attempts must be at least 1", field="max_attempts")
         if multipart_threshold < 1:
             raise InvalidInput("multipart_threshold must be positive", field="multipart_threshold")
-        if retry_mode not in ("standard", "adaptive"):
-            raise InvalidInput(
-                f"retry_mode must be 'standard' or 'adaptive', got {retry_mode!r}",
-                field="retry_mode",
-            )
-        if path_style is None:
-            path_style = os.environ.get("VIDLAKE_S3_PATH_STYLE", "").lower() in ("1", "true")
+        #: How this store reaches S3; references to ``s3://`` URLs are read the same way.
+        self.s3_connection = S3Connection(
+            endpoint_url=endpoint_url,
+            path_style=path_style,
+            region_name=region_name,
+            retry_mode=retry_mode,
+            max_attempts=max_attempts,
+        )
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        self.endpoint_url = endpoint_url
-        self.path_style = path_style
-        self.region_name = region_name
         self.multipart_threshold = multipart_threshold
         self.part_size = part_size
-        self.retry_mode: Literal["standard", "adaptive"] = retry_mode
-        self.max_attempts = max_attempts
         self.verify_existing = verify_existing
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._client: Any = None
@@ -167,6 +163,26 @@ class S3ObjectStore(ObjectStore):
         self._lock = threading.Lock()
         self._probe_lock = threading.Lock()
         self._checksums_proven: bool | None = None
+
+    @property
+    def endpoint_url(self) -> str | None:
+        return self.s3_connection.endpoint_url
+
+    @property
+    def path_style(self) -> bool | None:
+        return self.s3_connection.path_style
+
+    @property
+    def region_name(self) -> str | None:
+        return self.s3_connection.region_name
+
+    @property
+    def retry_mode(self) -> RetryMode:
+        return self.s3_connection.retry_mode
+
+    @property
+    def max_attempts(self) -> int:
+        return self.s3_connection.max_attempts
 
     @classmethod
     def from_url(
@@ -209,28 +225,9 @@ class S3ObjectStore(ObjectStore):
         if self._client is None or self._client_pid != pid:
             with self._lock:
                 if self._client is None or self._client_pid != pid:
-                    self._client = self._make_client()
+                    self._client = make_client(self.s3_connection)
                     self._client_pid = pid
         return self._client
-
-    def _make_client(self) -> Any:
-        try:
-            import boto3
-            from botocore.config import Config
-        except ImportError as exc:  # pragma: no cover - boto3 is a core dependency
-            raise NotInstalled("the S3 object store needs boto3: pip install boto3") from exc
-        config = Config(
-            retries={"total_max_attempts": self.max_attempts, "mode": self.retry_mode},
-            s3={"addressing_style": "path" if self.path_style else "auto"},
-            max_pool_connections=32,
-            connect_timeout=10,
-            read_timeout=120,
-        )
-        # A session per client: boto3's default session is not thread-safe to create from.
-        session = boto3.session.Session()
-        return session.client(
-            "s3", endpoint_url=self.endpoint_url, region_name=self.region_name, config=config
-        )
 
     # -- keys --------------------------------------------------------------------------
     def key_of(self, sha256: str) -> str:
@@ -345,7 +342,7 @@ class S3ObjectStore(ObjectStore):
             lambda: self.client.head_object(Bucket=self.bucket, Key=key, ChecksumMode="ENABLED"),
         )
         size = int(resp["ContentLength"])
-        stored = _full_object_sha256(resp)
+        stored = full_object_sha256(resp)
         if stored is not None and self.checksums_proven:
             if stored != sha256:
                 raise _mismatch(sha256, stored, size, key)
@@ -366,46 +363,9 @@ class S3ObjectStore(ObjectStore):
         return self._checksums_proven
 
     def _probe_checksums(self) -> bool:
-        """PUT a small body with a wrong SHA-256: True only if the endpoint refuses it."""
-        from botocore.exceptions import BotoCoreError, ClientError
-
         name = f"{self._probe_dir}/{uuid.uuid4().hex}"
         key = f"{self.prefix}/{name}" if self.prefix else name
-        body = f"vidlake checksum probe {name}".encode()
-        wrong = hashlib.sha256(body + b"!").digest()
-        try:
-            self.client.put_object(
-                Bucket=self.bucket,
-                Key=key,
-                Body=body,
-                IfNoneMatch="*",
-                ChecksumAlgorithm="SHA256",
-                ChecksumSHA256=_b64(wrong),
-            )
-        except ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in _DIGEST_CODES:
-                log.info("%s checks client checksums: verify trusts its SHA-256", self.url)
-                return True
-            log.warning(
-                "checksum probe on %s failed (%s): verify reads every object in full",
-                self.url,
-                code or exc,
-            )
-            return False
-        except BotoCoreError as exc:
-            log.warning("checksum probe on %s failed (%s): verify reads in full", self.url, exc)
-            return False
-        log.warning(
-            "%s stored a body whose SHA-256 it was told wrongly: it does not check client "
-            "checksums, so verify reads every object in full",
-            self.url,
-        )
-        try:
-            self.client.delete_object(Bucket=self.bucket, Key=key)
-        except (BotoCoreError, ClientError) as exc:  # harmless garbage; say where it is
-            log.warning("could not delete the checksum probe %s: %s", key, exc)
-        return False
+        return probe_checksums(self.client, self.bucket, key, self.url)
 
     def delete(self, sha256: str, *, reason: str) -> bool:
         _check_reason(reason)
@@ -467,7 +427,7 @@ class S3ObjectStore(ObjectStore):
         def attempt() -> None:
             try:
                 self._put_object(full, data, hashlib.sha256(data).digest())
-            except _Exists:
+            except KeyExists:
                 raise Conflict(f"key {key!r} already exists", key=key) from None
 
         self._retry_conflicts(full, attempt)
@@ -490,6 +450,14 @@ class S3ObjectStore(ObjectStore):
         except NotFound:
             return False
         return True
+
+    def key_etag(self, key: str) -> str:
+        """The ETag S3 reports for named key ``key`` (NotFound when absent)."""
+        full = self._named(key)
+        head = self._call(
+            "head", full, lambda: self.client.head_object(Bucket=self.bucket, Key=full)
+        )
+        return str(head.get("ETag", "")).strip('"')
 
     def list_keys(self, prefix: str) -> list[str]:
         root = f"{self.prefix}/" if self.prefix else ""
@@ -521,7 +489,7 @@ class S3ObjectStore(ObjectStore):
                 Body=data,
                 IfNoneMatch="*",
                 ChecksumAlgorithm="SHA256",
-                ChecksumSHA256=_b64(sha256_digest),
+                ChecksumSHA256=b64(sha256_digest),
             ),
         )
 
@@ -533,7 +501,7 @@ class S3ObjectStore(ObjectStore):
         def once() -> PutResult:
             try:
                 attempt()
-            except _Exists:
+            except KeyExists:
                 existing = self._existing(key, sha256, size)
                 if existing is None:  # deleted since the 412: the next attempt creates it
                     raise _Retry() from None
@@ -548,7 +516,7 @@ class S3ObjectStore(ObjectStore):
         for n in range(tries):
             try:
                 return attempt()
-            except (_Retry, _ConcurrentWrite):
+            except (_Retry, WriteInFlight):
                 if n == tries - 1:
                     break
                 time.sleep(min(2.0, self._conflict_backoff_s * 2**n) * (0.5 + random.random()))
@@ -578,7 +546,7 @@ class S3ObjectStore(ObjectStore):
                 actual_size=stored_size,
                 key=key,
             )
-        stored = _full_object_sha256(resp)
+        stored = full_object_sha256(resp)
         if stored is not None and stored != sha256:
             raise _mismatch(sha256, stored, size, key)
         if self.verify_existing and (stored is None or not self.checksums_proven):
@@ -593,76 +561,22 @@ class S3ObjectStore(ObjectStore):
         existing = self._existing(key, sha256, size)
         if existing is not None:
             return existing
-        return self._conditional_put(
-            key, sha256, size, lambda: self._multipart(open_source, what, key, sha256, size)
-        )
 
-    def _multipart(
-        self, open_source: Callable[[], BinaryIO], what: str, key: str, sha256: str, size: int
-    ) -> bool:
-        """Upload in parts, one part in memory at a time, re-hashing what is sent; the
-        completion is conditional (``If-None-Match: *``)."""
-        part_size = max(self.part_size, math.ceil(size / _MAX_PARTS))
-        resp = self._call(
-            "put",
-            key,
-            lambda: self.client.create_multipart_upload(
-                Bucket=self.bucket, Key=key, ChecksumAlgorithm="SHA256"
-            ),
-        )
-        upload_id = resp["UploadId"]
-        try:
-            parts: list[dict[str, Any]] = []
-            digest = hashlib.sha256()
-            sent = 0
-            with open_source() as f:
-                while chunk := f.read(part_size):
-                    digest.update(chunk)
-                    sent += len(chunk)
-                    parts.append(self._upload_part(key, upload_id, len(parts) + 1, chunk))
-            if digest.hexdigest() != sha256 or sent != size:
-                raise ChecksumMismatch(
-                    f"{what} changed while it was uploaded (expected {sha256}, {size} bytes)",
-                    sha256=sha256,
-                    actual=digest.hexdigest(),
-                    source=what,
-                )
-            self._call(
-                "put",
+        def attempt() -> bool:
+            upload_multipart(
+                self._call,
+                self.client,
+                self.bucket,
                 key,
-                lambda: self.client.complete_multipart_upload(
-                    Bucket=self.bucket,
-                    Key=key,
-                    UploadId=upload_id,
-                    MultipartUpload={"Parts": parts},
-                    IfNoneMatch="*",
-                ),
+                open_source,
+                what=what,
+                sha256=sha256,
+                size=size,
+                part_size=self.part_size,
             )
-        except BaseException:
-            # An unfinished upload is invisible but billed: abort it, best effort.
-            try:
-                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-            except Exception as exc:
-                log.warning("could not abort multipart upload of %s: %s", key, exc)
-            raise
-        return True
+            return True
 
-    def _upload_part(self, key: str, upload_id: str, number: int, chunk: bytes) -> dict[str, Any]:
-        checksum = _b64(hashlib.sha256(chunk).digest())
-        resp = self._call(
-            "put",
-            key,
-            lambda: self.client.upload_part(
-                Bucket=self.bucket,
-                Key=key,
-                UploadId=upload_id,
-                PartNumber=number,
-                Body=chunk,
-                ChecksumAlgorithm="SHA256",
-                ChecksumSHA256=checksum,
-            ),
-        )
-        return {"PartNumber": number, "ETag": resp["ETag"], "ChecksumSHA256": checksum}
+        return self._conditional_put(key, sha256, size, attempt)
 
     def _read_all(
         self,
@@ -689,8 +603,8 @@ class S3ObjectStore(ObjectStore):
                     if sink is not None:
                         sink(chunk)
             except Exception as exc:
-                if n == tries - 1 or not _is_stream_error(exc):
-                    self._translate(exc, "get", key)
+                if n == tries - 1 or not is_stream_error(exc):
+                    raise self._translated(exc, "get", key) from exc
                 log.warning("reading %s broke off (%s); starting over", key, exc)
                 if reset is not None:
                     reset()
@@ -715,97 +629,28 @@ class S3ObjectStore(ObjectStore):
         except VidlakeError:
             raise
         except Exception as exc:
-            self._translate(exc, "list", prefix)
+            err = self._translated(exc, "list", prefix)
+            if err is exc:
+                raise
+            raise err from exc
 
     def _call(self, op: str, key: str, fn: Callable[[], _T]) -> _T:
-        try:
-            return fn()
-        except VidlakeError:
-            raise
-        except Exception as exc:
-            self._translate(exc, op, key)
+        """``fn()`` with botocore's errors translated (:func:`s3_client.translate`)."""
+        return guarded(op, f"s3://{self.bucket}/{key}", fn, **self._context(key))
 
-    def _translate(self, exc: Exception, op: str, key: str) -> NoReturn:
-        """Turn a botocore error into ours; the one place that knows botocore's shapes."""
-        from botocore.exceptions import BotoCoreError, ClientError, FlexibleChecksumError
+    def _translated(self, exc: BaseException, op: str, key: str) -> BaseException:
+        return translate(exc, op, f"s3://{self.bucket}/{key}", **self._context(key))
 
-        where = f"s3://{self.bucket}/{key}"
+    def _context(self, key: str) -> dict[str, str]:
+        """The details of an error about ``key`` (its SHA-256 when it is an object)."""
         name = key.rpartition("/")[2]
-        sha = {"sha256": name} if is_sha256(name) and key == self.key_of(name) else {}
-        if isinstance(exc, ClientError):
-            err = exc.response.get("Error", {})
-            code = str(err.get("Code", ""))
-            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-            if code == "NoSuchBucket":
-                raise StorageError(
-                    f"bucket {self.bucket!r} does not exist", bucket=self.bucket, code=code
-                ) from exc
-            if code in _NOT_FOUND_CODES or (status == 404 and op != "list"):
-                raise NotFound(f"{where} not found", key=key, **sha) from exc
-            if code == "PreconditionFailed" or status == 412:
-                raise _Exists(key) from exc
-            if code == "ConditionalRequestConflict" or status == 409:
-                raise _ConcurrentWrite(key) from exc
-            if code in _DIGEST_CODES:
-                raise ChecksumMismatch(
-                    f"the endpoint rejected the bytes of {where}: {code}", key=key, code=code
-                ) from exc
-            raise StorageError(
-                f"S3 {op} of {where} failed: {code} {err.get('Message', '')}".rstrip(),
-                key=key,
-                code=code,
-                status=status,
-            ) from exc
-        if isinstance(exc, FlexibleChecksumError):
-            raise ChecksumMismatch(
-                f"{where} failed its transfer checksum: {exc}", key=key, **sha
-            ) from exc
-        if isinstance(exc, BotoCoreError | OSError):
-            raise StorageError(f"S3 {op} of {where} failed: {exc}", key=key) from exc
-        raise exc
-
-
-class _Exists(Conflict):
-    """A 412 on a conditional write: the key exists (internal; put_* resolves it)."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"{key!r} already exists", key=key)
-
-
-class _ConcurrentWrite(Conflict):
-    """A 409 ConditionalRequestConflict: retried, then reported as Conflict."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(f"a concurrent conditional write to {key!r} is in flight", key=key)
+        if is_sha256(name) and key == self.key_of(name):
+            return {"key": key, "sha256": name}
+        return {"key": key}
 
 
 class _Retry(Exception):
     """Internal: try the conditional write again."""
-
-
-def _full_object_sha256(head: dict[str, Any]) -> str | None:
-    """The hex SHA-256 of the whole object from a HeadObject response, if it has one.
-
-    Composite (multipart) checksums and ETags never qualify (see the module docstring).
-    """
-    value = head.get("ChecksumSHA256")
-    if not value:
-        return None
-    kind = head.get("ChecksumType")
-    if kind is not None:
-        if kind != "FULL_OBJECT":
-            return None
-    elif "-" in value or "-" in str(head.get("ETag", "")).strip('"'):
-        return None  # no type reported: trust only a single-PUT object's checksum
-    try:
-        raw = base64.b64decode(value, validate=True)
-    except ValueError:
-        return None
-    return raw.hex() if len(raw) == 32 else None
-
-
-def _b64(digest: bytes) -> str:
-    return base64.b64encode(digest).decode("ascii")
 
 
 def _hash_file(path: str | Path) -> str:
@@ -829,19 +674,6 @@ def _mismatch(sha256: str, actual: str, size: int, key: str) -> ChecksumMismatch
 def _total_from_range(resp: dict[str, Any], got: int) -> int:
     total = str(resp.get("ContentRange", "")).rpartition("/")[2]
     return int(total) if total.isdigit() else got
-
-
-def _is_stream_error(exc: Exception) -> bool:
-    from botocore.exceptions import (
-        ConnectionClosedError,
-        IncompleteReadError,
-        ReadTimeoutError,
-        ResponseStreamingError,
-    )
-
-    return isinstance(
-        exc, ConnectionClosedError | IncompleteReadError | ReadTimeoutError | ResponseStreamingError
-    )
 
 
 def _valid_key(key: str) -> bool:

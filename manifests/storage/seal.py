@@ -133,15 +133,13 @@ def seal(
     back = store.get_key(key)
     if back != body:
         raise ChecksumMismatch(f"restore spec {key} read back differs", key=key, sha256=sha)
-    full_key = f"{store.prefix}/{key}" if store.prefix else key
-    head = store.client.head_object(Bucket=store.bucket, Key=full_key)
     pointer = {
         "bucket": store.bucket,
         "prefix": store.prefix,
         "key": key,
         "size": len(body),
         "sha256": sha,
-        "etag": str(head.get("ETag", "")).strip('"'),
+        "etag": store.key_etag(key),
         "endpoint_url": store.endpoint_url,
         "path_style": store.path_style,
         "snapshot": header["snapshot"],

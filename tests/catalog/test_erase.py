@@ -307,8 +307,8 @@ def test_a_pin_the_erasure_expired_fails_naming_the_erasure(lake: Lake) -> None:
 
 
 def test_objects_adopted_by_reference_are_listed_not_erased(tmp_path: Path) -> None:
-    from catalog.interop.tar_import import import_tar_shards
-    from tests.catalog._tar_data import make_dataset
+    from interop.tar_import import import_tar_shards
+    from tests.interop._tar_data import make_dataset
 
     data = make_dataset(tmp_path / "tars", corrupt=False)
     catalog = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path / "lake", eval_fraction=0.0))

@@ -595,23 +595,23 @@ def test_s3_a_probe_that_fails_otherwise_proves_nothing(
 
 
 def test_s3_only_full_object_checksums_count_as_content_hashes() -> None:
-    from catalog.objects.s3 import _full_object_sha256
+    from catalog.objects.s3_checksums import full_object_sha256
 
     h = sha(b"x")
     b64 = base64.b64encode(bytes.fromhex(h)).decode()
     single_etag = '"9dd4e461268c8034f5c8564e155c67a6"'
     multi_etag = '"16cafe8d6b8c1c55c3d339c8d69326c6-2"'
     # AWS reports the type: only FULL_OBJECT is a hash of the content.
-    assert _full_object_sha256({"ChecksumSHA256": b64, "ChecksumType": "FULL_OBJECT"}) == h
-    assert _full_object_sha256({"ChecksumSHA256": f"{b64}-2", "ChecksumType": "COMPOSITE"}) is None
-    assert _full_object_sha256({"ChecksumSHA256": b64, "ChecksumType": "COMPOSITE"}) is None
+    assert full_object_sha256({"ChecksumSHA256": b64, "ChecksumType": "FULL_OBJECT"}) == h
+    assert full_object_sha256({"ChecksumSHA256": f"{b64}-2", "ChecksumType": "COMPOSITE"}) is None
+    assert full_object_sha256({"ChecksumSHA256": b64, "ChecksumType": "COMPOSITE"}) is None
     # No type reported (moto, older endpoints): only a single PUT's checksum qualifies.
-    assert _full_object_sha256({"ChecksumSHA256": b64, "ETag": single_etag}) == h
-    assert _full_object_sha256({"ChecksumSHA256": b64, "ETag": multi_etag}) is None
-    assert _full_object_sha256({"ChecksumSHA256": f"{b64}-2", "ETag": single_etag}) is None
+    assert full_object_sha256({"ChecksumSHA256": b64, "ETag": single_etag}) == h
+    assert full_object_sha256({"ChecksumSHA256": b64, "ETag": multi_etag}) is None
+    assert full_object_sha256({"ChecksumSHA256": f"{b64}-2", "ETag": single_etag}) is None
     # No checksum, or not a SHA-256: never fall back to the ETag.
-    assert _full_object_sha256({"ETag": single_etag, "ChecksumCRC32": "AAAAAA=="}) is None
-    assert _full_object_sha256({"ChecksumSHA256": "not base64!", "ETag": single_etag}) is None
+    assert full_object_sha256({"ETag": single_etag, "ChecksumCRC32": "AAAAAA=="}) is None
+    assert full_object_sha256({"ChecksumSHA256": "not base64!", "ETag": single_etag}) is None
 
 
 @pytest.mark.s3
@@ -672,13 +672,16 @@ def test_s3_connection_settings(
     assert plain.client.meta.endpoint_url == s3_server
     assert plain.client.meta.config.retries == {"total_max_attempts": 8, "mode": "standard"}
 
-    assert not plain.path_style
+    assert plain.path_style is None
     assert S3ObjectStore(s3_bucket, path_style=True).client.meta.config.s3 == {
         "addressing_style": "path"
     }
+    # The store reads no setting of its own: path style comes from its caller.
     monkeypatch.setenv("VIDLAKE_S3_PATH_STYLE", "1")
-    styled = S3ObjectStore.from_url(f"s3://{s3_bucket}/a/b", retry_mode="adaptive")
+    assert S3ObjectStore.from_url(f"s3://{s3_bucket}").path_style is None
+    styled = S3ObjectStore.from_url(f"s3://{s3_bucket}/a/b", path_style=True, retry_mode="adaptive")
     assert styled.path_style
+    assert styled.s3_connection.path_style
     assert styled.client.meta.config.retries["mode"] == "adaptive"
     assert styled.get(sha(b"env endpoint")) == b"env endpoint"
     assert S3ObjectStore.from_url(f"s3://{s3_bucket}").head(sha(b"env endpoint")) is None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from catalog.errors import InvalidInput
 from catalog.objects.refs import iter_url, read_url_range, url_size
+from catalog.objects.s3_client import S3Connection
 
 __all__ = ["RangeSource", "open_range_source"]
 
@@ -24,15 +25,18 @@ class RangeSource:
 
     Args:
         base: The base URL, or a local directory path.
+        s3_connection: How to reach an ``s3://`` base (default: boto3's own
+            configuration); the importer passes its object store's.
     """
 
-    def __init__(self, base: str | Path) -> None:
+    def __init__(self, base: str | Path, s3_connection: S3Connection | None = None) -> None:
         text = str(base)
         if text.startswith(("s3://", "http://", "https://", "file://")):
             url = text
         else:
             url = Path(text).absolute().as_uri()
         self.base = url.rstrip("/") + "/"
+        self.s3_connection = s3_connection or S3Connection()
         self._lock = threading.Lock()
         self.requests = 0
         self.bytes_read = 0
@@ -57,23 +61,27 @@ class RangeSource:
 
     def read(self, name: str) -> bytes:
         """The whole file ``name`` (small files: manifests)."""
-        data = b"".join(iter_url(self.url_of(name)))
+        data = b"".join(iter_url(self.url_of(name), self.s3_connection))
         self._count(name, len(data))
         return data
 
     def read_range(self, name: str, offset: int, length: int) -> bytes:
         """``length`` bytes at ``offset`` of ``name`` (short only at the file's end)."""
-        data = read_url_range(self.url_of(name), offset, length)
+        data = read_url_range(self.url_of(name), offset, length, self.s3_connection)
         self._count(name, len(data))
         return data
 
     def size(self, name: str) -> int:
         """The size of ``name`` (one metadata request)."""
-        n = url_size(self.url_of(name))
+        n = url_size(self.url_of(name), self.s3_connection)
         self._count(name, 0)
         return n
 
 
-def open_range_source(source: str | Path | RangeSource) -> RangeSource:
+def open_range_source(
+    source: str | Path | RangeSource, s3_connection: S3Connection | None = None
+) -> RangeSource:
     """A :class:`RangeSource` for a directory, ``s3://`` prefix or HTTP(S) base URL."""
-    return source if isinstance(source, RangeSource) else RangeSource(source)
+    if isinstance(source, RangeSource):
+        return source
+    return RangeSource(source, s3_connection)

@@ -15,17 +15,17 @@ import torch
 
 from catalog.catalog import CatalogConfig, VidlakeCatalog
 from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput, NotFound
-from catalog.interop.sources import RangeSource
-from catalog.interop.tar_import import (
+from catalog.objects.refs import ObjectRef, RefStore, get_ref, list_failed, put_ref
+from interop.sources import RangeSource
+from interop.tar_import import (
     ImportOptions,
     import_tar_shards,
     quarantine_failed,
     verify_shards,
 )
-from catalog.interop.tar_index import index_tar
-from catalog.objects.refs import ObjectRef, RefStore, get_ref, list_failed, put_ref
-from tests.catalog._tar_data import RUNG, TOKENIZER, Dataset, http_server, make_dataset, upload
+from interop.tar_index import index_tar
 from tests.fixtures.s3 import S3RequestCounter, s3_client
+from tests.interop._tar_data import RUNG, TOKENIZER, Dataset, http_server, make_dataset, upload
 
 SALT = "ab" * 16
 

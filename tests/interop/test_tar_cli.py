@@ -14,8 +14,8 @@ from manifests.registry import Registry
 from materializer.cut import cut_snapshot
 from service.cli import app
 from service.settings import get_settings
-from tests.catalog._tar_data import make_dataset
-from tests.catalog.test_tar_import import _recipe
+from tests.interop._tar_data import make_dataset
+from tests.interop.test_tar_import import _recipe
 
 
 @pytest.fixture()

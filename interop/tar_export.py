@@ -11,7 +11,7 @@ Teams that consume WebDataset-style shards can train on a vidlake cut unchanged:
   field an import needs to recreate the same clip ids, captions and scores, so that
   export → import → cut the same recipe gives the same sample sequence).
 * ``manifest.json`` and ``manifests/v000001.json``: the format
-  :mod:`catalog.interop.tar_import` reads (size and SHA-256 per shard and per member),
+  :mod:`interop.tar_manifest` defines (size and SHA-256 per shard and per member),
   written after every shard.
 
 Writes never overwrite: local files are written to a temp name, fsync'd and linked
@@ -34,13 +34,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from catalog.errors import ChecksumMismatch, Conflict, InvalidInput, StorageError
+from catalog.errors import ChecksumMismatch, Conflict, InvalidInput
 from catalog.hashing import sha256_bytes, sha256_file
 from catalog.objects.refs import RefStore
+from catalog.objects.s3_client import S3Connection, guarded, shared_client, split_s3_url
 
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog
@@ -68,18 +68,23 @@ class ExportReport:
         return asdict(self)
 
 
-def _plan_order(plan_path: Path, num_rows: int) -> list[int]:
-    """Manifest rows in the order the plan first serves them, then the unserved ones."""
+def _plan_order(registry: Registry, version: int, num_rows: int) -> list[int]:
+    """Manifest rows in the order the plan first serves them, then the unserved ones
+    (the plan is read by the loader's reader, as a training rank would)."""
+    from loader.plan import open_plan
+    from loader.source import StoreSource
+
     seen = bytearray(num_rows)
     order: list[int] = []
-    with pa.memory_map(str(plan_path)) as source:
-        reader = pa.ipc.open_file(source)
-        for i in range(reader.num_record_batches):
-            for rows in reader.get_batch(i).column("rows").to_pylist():
-                for r in rows:
-                    if not seen[r]:
-                        seen[r] = 1
-                        order.append(r)
+    with (
+        tempfile.TemporaryDirectory(prefix="vidlake-export-plan-") as cache,
+        open_plan(StoreSource(registry.store), version, cache) as plan,
+    ):
+        for step in range(plan.num_steps):
+            for r in plan.global_rows(step).tolist():
+                if not seen[r]:
+                    seen[r] = 1
+                    order.append(r)
     order.extend(r for r in range(num_rows) if not seen[r])
     return order
 
@@ -87,21 +92,28 @@ def _plan_order(plan_path: Path, num_rows: int) -> list[int]:
 class _Sink:
     """Create-only files under a local directory or an ``s3://`` prefix."""
 
-    def __init__(self, out: str) -> None:
+    def __init__(self, out: str, s3_connection: S3Connection) -> None:
         self.out = out.rstrip("/")
         self.s3 = out.startswith("s3://")
+        self.s3_connection = s3_connection
         if not self.s3:
             Path(self.out).mkdir(parents=True, exist_ok=True)
 
     def put_file(self, name: str, path: Path) -> None:
         if self.s3:
-            from catalog.objects.refs import _s3, _s3_parts
-
-            bucket, key = _s3_parts(f"{self.out}/{name}")
+            url = f"{self.out}/{name}"
+            bucket, key = split_s3_url(url)
+            client = shared_client(self.s3_connection)
             with open(path, "rb") as f:
-                self._s3_put(
-                    lambda: _s3().put_object(Bucket=bucket, Key=key, Body=f, IfNoneMatch="*"), name
-                )
+                try:
+                    guarded(
+                        "put",
+                        url,
+                        lambda: client.put_object(Bucket=bucket, Key=key, Body=f, IfNoneMatch="*"),
+                        key=name,
+                    )
+                except Conflict:  # a 412 (or a concurrent write): the name is taken
+                    raise Conflict(f"{url} already exists", key=name) from None
             return
         dest = Path(self.out) / name
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -119,17 +131,6 @@ class _Sink:
             os.fsync(f.fileno())
             f.close()
             self.put_file(name, tmp)
-
-    def _s3_put(self, call: Callable[[], Any], name: str) -> None:
-        from botocore.exceptions import ClientError
-
-        try:
-            call()
-        except ClientError as exc:
-            code = str(exc.response.get("Error", {}).get("Code", ""))
-            if code in ("PreconditionFailed", "ConditionalRequestConflict", "412"):
-                raise Conflict(f"{self.out}/{name} already exists", key=name) from exc
-            raise StorageError(f"writing {self.out}/{name} failed: {exc}") from exc
 
 
 @contextlib.contextmanager
@@ -272,15 +273,14 @@ def export_tar_shards(
     report("read", 0.0)
     with registry.local_artifact(version, "manifest.parquet") as mpath:
         manifest = pq.read_table(mpath)
-    with registry.local_artifact(version, "plan.arrow") as ppath:
-        order = _plan_order(ppath, manifest.num_rows)
+    order = _plan_order(registry, version, manifest.num_rows)
     pin = Pin.from_dict(snap["catalog_snapshot_ids"])
     clips = catalog.scan("clips", pin, ["clip_id", "split_version"])
     clips = clips.filter(pc.is_in(clips["clip_id"], value_set=pc.unique(manifest["clip_id"])))
     clip_of = {r["clip_id"]: r for r in clips.to_pylist()}
     report("read", 1.0)
 
-    sink = _Sink(str(out))
+    sink = _Sink(str(out), catalog.objects.s3_connection)
     staging = Path(tempfile.gettempdir()) if sink.s3 else Path(sink.out)
     store = RefStore(catalog.objects)
     open_shards: dict[str, _Shard] = {}

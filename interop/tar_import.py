@@ -3,7 +3,8 @@
 The dataset is a directory, ``s3://`` prefix or HTTP(S) base URL holding TAR shards of
 ordered ``<sample_id>.pt`` + ``<sample_id>.json`` pairs and a manifest
 (``manifest.json``, or the immutable ``manifests/vNNNNNN.json`` of a pinned
-revision) in the format ``docs/interop.md`` describes::
+revision) in the format ``docs/interop.md`` describes (parsed and checked by
+:mod:`interop.tar_manifest`)::
 
     {"revision": "v000002", "parent": "v000001",
      "shards": [{"path": "train-000000.tar", "size": 1536000, "sha256": "…",
@@ -15,7 +16,7 @@ What the import does, and why:
 
 * Reads the manifest at the revision asked for, and only the shards it lists (no
   listing, so an unlisted TAR is never opened).
-* Indexes each shard by its headers (:mod:`catalog.interop.tar_index`): member offsets
+* Indexes each shard by its headers (:mod:`interop.tar_index`): member offsets
   and lengths, plus the small sidecar ``.json`` members inline.
 * Registers each shard as an external object (:mod:`catalog.objects.refs`) under its
   manifest SHA-256 and size: not a byte is copied.
@@ -44,7 +45,6 @@ import datetime as dt
 import functools
 import json
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -52,11 +52,18 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.compute as pc
 
-from catalog.errors import ChecksumMismatch, InvalidInput
-from catalog.hashing import is_sha256, sha256_bytes
-from catalog.interop.sources import RangeSource, open_range_source
-from catalog.interop.tar_index import TarIndex, index_tar
+from catalog.errors import ChecksumMismatch
+from catalog.hashing import is_sha256
 from catalog.objects.refs import ObjectRef, RefStore, get_ref, list_failed, put_ref
+from interop.sources import RangeSource, open_range_source
+from interop.tar_index import TarIndex, index_tar
+from interop.tar_manifest import (
+    EVAL_SPLITS,
+    ShardEntry,
+    SourceManifest,
+    bad_manifest,
+    read_manifest,
+)
 
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog
@@ -64,45 +71,15 @@ if TYPE_CHECKING:
 __all__ = [
     "ImportOptions",
     "ImportReport",
-    "ShardEntry",
-    "SourceManifest",
     "import_tar_shards",
-    "parse_manifest",
     "quarantine_failed",
     "verify_shards",
 ]
 
 Progress = Callable[[str, float], None]
 
-_REVISION = re.compile(r"^v[0-9]{6}$")
-_SAMPLE_ID = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._@=+-]{0,254}$")
 #: Latent member suffixes, in the order they are looked for, and their formats.
 LATENT_SUFFIXES = {".pt": "pt", ".safetensors": "safetensors", ".npy": "npy"}
-TRAIN_SPLITS = ("train",)
-EVAL_SPLITS = ("val", "valid", "validation", "eval", "test")
-
-
-@dataclass(frozen=True)
-class ShardEntry:
-    """One shard as the manifest lists it."""
-
-    path: str
-    size: int
-    sha256: str
-    split: str
-    sample_ids: tuple[str, ...]
-    members: Mapping[str, Mapping[str, Any]]
-
-
-@dataclass(frozen=True)
-class SourceManifest:
-    """A parsed source manifest (see the module docstring)."""
-
-    revision: str | None
-    parent: str | None
-    shards: tuple[ShardEntry, ...]
-    exclude_sample_ids: frozenset[str]
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -159,81 +136,6 @@ class ImportReport:
         return {**asdict(self), "index_read_fraction": self.index_read_fraction}
 
 
-def _bad(message: str, **details: Any) -> InvalidInput:
-    return InvalidInput(message, field="manifest", **details)
-
-
-def parse_manifest(data: bytes) -> SourceManifest:
-    """Parse and check a source manifest; InvalidInput names the first problem."""
-    try:
-        doc = json.loads(data)
-    except ValueError as exc:
-        raise _bad(f"manifest is not JSON: {exc}") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("shards"), list):
-        raise _bad("manifest must be an object with a 'shards' list")
-    shards, seen, paths = [], set[str](), set[str]()
-    for i, s in enumerate(doc["shards"]):
-        where = f"shards[{i}]"
-        if not isinstance(s, dict):
-            raise _bad(f"{where} is not an object")
-        path, size, sha = s.get("path"), s.get("size"), s.get("sha256")
-        if not isinstance(path, str) or not path or path in paths:
-            raise _bad(f"{where}.path is missing or repeated", shard=path)
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise _bad(f"{where}.size must be the exact size in bytes", shard=path)
-        if not is_sha256(sha):
-            raise _bad(f"{where}.sha256 must be 64 lowercase hex", shard=path)
-        split = str(s.get("split", "train")).lower()
-        if split not in TRAIN_SPLITS + EVAL_SPLITS:
-            raise _bad(f"{where}.split {split!r} is not one of {TRAIN_SPLITS + EVAL_SPLITS}")
-        ids = s.get("sample_ids")
-        if not isinstance(ids, list) or not all(
-            isinstance(x, str) and _SAMPLE_ID.match(x) for x in ids
-        ):
-            raise _bad(f"{where}.sample_ids must be a list of sample ids", shard=path)
-        repeated = seen.intersection(ids)
-        if repeated or len(set(ids)) != len(ids):
-            raise _bad(f"{where}: sample ids listed twice: {sorted(repeated)[:5]}", shard=path)
-        seen.update(ids)
-        paths.add(path)
-        members = s.get("members") or {}
-        if not isinstance(members, dict):
-            raise _bad(f"{where}.members must be an object", shard=path)
-        shards.append(ShardEntry(path, size, str(sha), split, tuple(ids), members))
-    excl = doc.get("exclude_sample_ids") or []
-    if not isinstance(excl, list) or not all(isinstance(x, str) for x in excl):
-        raise _bad("exclude_sample_ids must be a list of strings")
-    revision = doc.get("revision")
-    rev = None if revision is None else _revision(revision)
-    parent = doc.get("parent")
-    return SourceManifest(
-        rev,
-        None if parent is None else _revision(parent),
-        tuple(shards),
-        frozenset(excl),
-        sha256_bytes(data),
-    )
-
-
-def _revision(value: Any) -> str:
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return f"v{value:06d}"
-    if isinstance(value, str) and _REVISION.match(value):
-        return value
-    raise _bad(f"revision {value!r} is not vNNNNNN")
-
-
-def read_manifest(src: RangeSource, revision: str | int | None) -> SourceManifest:
-    """The manifest at ``revision`` (``manifests/vNNNNNN.json``), else ``manifest.json``."""
-    if revision is None:
-        return parse_manifest(src.read("manifest.json"))
-    rev = _revision(revision)
-    manifest = parse_manifest(src.read(f"manifests/{rev}.json"))
-    if manifest.revision not in (None, rev):
-        raise _bad(f"manifests/{rev}.json says it is revision {manifest.revision}")
-    return manifest
-
-
 # -- samples ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Sample:
@@ -254,7 +156,7 @@ def _samples_of(shard: ShardEntry, index: TarIndex) -> list[_Sample]:
     for sid in shard.sample_ids:
         found = [(sid + suf, fmt) for suf, fmt in LATENT_SUFFIXES.items() if sid + suf in by_name]
         if not found:
-            raise _bad(f"{shard.path}: sample {sid!r} has no latent member", sample_id=sid)
+            raise bad_manifest(f"{shard.path}: sample {sid!r} has no latent member", sample_id=sid)
         name, fmt = found[0]
         member = by_name[name]
         raw = index.inline.get(sid + ".json")
@@ -263,18 +165,18 @@ def _samples_of(shard: ShardEntry, index: TarIndex) -> list[_Sample]:
             try:
                 loaded = json.loads(raw)
             except ValueError as exc:
-                raise _bad(f"{shard.path}: {sid}.json is not JSON", sample_id=sid) from exc
+                raise bad_manifest(f"{shard.path}: {sid}.json is not JSON", sample_id=sid) from exc
             if not isinstance(loaded, dict):
-                raise _bad(f"{shard.path}: {sid}.json is not an object", sample_id=sid)
+                raise bad_manifest(f"{shard.path}: {sid}.json is not an object", sample_id=sid)
             sidecar = loaded
         declared = dict(shard.members.get(name) or {})
         sha = declared.get("sha256") or sidecar.get("sha256") or sidecar.get(f"{fmt}_sha256")
         if not is_sha256(sha):
-            raise _bad(
+            raise bad_manifest(
                 f"{shard.path}: no SHA-256 for {name} in the manifest or sidecar", sample_id=sid
             )
         if "size" in declared and declared["size"] != member.size:
-            raise _bad(
+            raise bad_manifest(
                 f"{shard.path}: {name} holds {member.size} bytes, the manifest says "
                 f"{declared['size']}",
                 sample_id=sid,
@@ -308,7 +210,7 @@ def _rows(
     width = _num(sc.get("width"), int) or (shape[-1] if shape else None)
     height = _num(sc.get("height"), int) or (shape[-2] if shape else None)
     if not width or not height:
-        raise _bad(f"sample {s.sample_id}: the sidecar gives no width/height or shape")
+        raise bad_manifest(f"sample {s.sample_id}: the sidecar gives no width/height or shape")
     t0 = _num(sc.get("t_start_s"), float, 0.0)
     t1 = _num(sc.get("t_end_s"), float) or t0 + (num_frames / fps if fps else 1.0)
     tokens = _num(sc.get("tokens"), int)
@@ -433,7 +335,7 @@ def import_tar_shards(
     """
     opts = options or ImportOptions()
     report_progress = progress or (lambda stage, fraction: None)
-    src = open_range_source(source)
+    src = open_range_source(source, catalog.objects.s3_connection)
     report_progress("manifest", 0.0)
     manifest = read_manifest(src, revision)
     report_progress("manifest", 1.0)

@@ -13,13 +13,13 @@ import pytest
 
 from catalog.catalog import CatalogConfig, VidlakeCatalog
 from catalog.errors import ChecksumMismatch, Conflict
-from catalog.interop.tar_export import export_tar_shards
-from catalog.interop.tar_import import import_tar_shards
+from interop.tar_export import export_tar_shards
+from interop.tar_import import import_tar_shards, verify_shards
 from manifests.registry import Registry
 from materializer.cut import cut_snapshot
-from tests.catalog._tar_data import make_dataset
-from tests.catalog.test_tar_import import _recipe
 from tests.fixtures.s3 import s3_client
+from tests.interop._tar_data import make_dataset
+from tests.interop.test_tar_import import _recipe
 
 SALT = "cd" * 16
 
@@ -125,6 +125,29 @@ def test_export_to_s3_then_import_from_s3(
     assert import_tar_shards(other, f"s3://{s3_bucket}/exp").imported == report.samples
     with pytest.raises(Conflict):
         export_tar_shards(catalog, registry, version, f"s3://{s3_bucket}/exp")
+
+
+@pytest.mark.s3
+def test_export_and_import_on_s3_use_the_configured_endpoint(
+    tmp_path: Path, s3_server: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # boto3's own default endpoint is dead: only the catalog's configured one works.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+
+    def lake(name: str) -> VidlakeCatalog:
+        config = CatalogConfig.embedded(
+            tmp_path / name, eval_salt=SALT, s3_endpoint_url=s3_server, s3_path_style=True
+        )
+        return VidlakeCatalog.open(config)
+
+    catalog = lake("a")
+    import_tar_shards(catalog, make_dataset(tmp_path / "ds", per_shard=3, corrupt=False).root)
+    registry = Registry(catalog.objects)
+    version = cut_snapshot(catalog, registry, _recipe(steps=6)).version
+    report = export_tar_shards(catalog, registry, version, f"s3://{s3_bucket}/cfg")
+    other = lake("b")
+    assert import_tar_shards(other, f"s3://{s3_bucket}/cfg").imported == report.samples
+    assert verify_shards(other)["failed"] == []
 
 
 def test_export_refuses_a_corrupt_member(tmp_path: Path) -> None:
