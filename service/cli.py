@@ -802,6 +802,6 @@ def demo(
     assets: Annotated[int, typer.Option(help="Assets in the synthetic corpus (first run).")] = 1500,
 ) -> None:
     """Run the end-to-end demo on the configured home (default ./.vidlake/)."""
-    from service.demo import run_demo
+    from service.demo.run import run_demo
 
     run_demo(get_settings(), assets=assets)

@@ -93,7 +93,7 @@ def run_demo(settings: Settings, *, assets: int = 1500) -> dict[str, Any]:
 # -- 1. corpus ---------------------------------------------------------------------------------
 def _corpus(lake: Any, home: Path, assets: int) -> dict[str, Any]:
     from catalog.errors import Conflict
-    from catalog.synthetic import generate_corpus
+    from service.demo.corpus import generate_corpus
 
     console.rule("[bold]1. synthetic corpus")
     marker = home / "demo-corpus.json"
