@@ -31,8 +31,8 @@ __all__ = [
     "INGEST_TABLES",
     "Client",
     "HttpClient",
-    "JobFailed",
     "Progress",
+    "RemoteError",
     "Unreachable",
     "error_from_body",
     "wait_for_job",
@@ -64,10 +64,11 @@ class Unreachable(VidlakeError):
     http_status = 503
 
 
-class JobFailed(VidlakeError):
-    """A job failed with an error the client does not know by its code."""
+class RemoteError(VidlakeError):
+    """The server, or a job it ran, failed with an error this client does not know by
+    its code (``code`` and ``http_status`` are then the server's)."""
 
-    code = "job_failed"
+    code = "remote_error"
     http_status = 500
 
 
@@ -199,7 +200,7 @@ def error_from_body(status: int | None, body: Any, fallback: str) -> VidlakeErro
     """The error an answer's ``{"error": {"code", "message", "details"}}`` names.
 
     The class is the one that has ``code`` (else one by ``status``: 4xx a client
-    error, else :class:`JobFailed`); the instance keeps the server's ``code`` and
+    error, else :class:`RemoteError`); the instance keeps the server's ``code`` and
     status, so that ``to_dict()`` repeats the server's body.
 
     Args:
@@ -216,7 +217,7 @@ def error_from_body(status: int | None, body: Any, fallback: str) -> VidlakeErro
     cls = _known_errors().get(code)
     if cls is None and status is not None:
         cls = _BY_STATUS.get(status, _errors.InvalidInput if 400 <= status < 500 else None)
-    exc = (cls or JobFailed)(message, **{k: v for k, v in details.items() if k not in _RESERVED})
+    exc = (cls or RemoteError)(message, **{k: v for k, v in details.items() if k not in _RESERVED})
     exc.details = dict(details)
     if code:
         exc.code = code
