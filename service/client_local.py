@@ -12,6 +12,7 @@ interrupted one resumes or is joined by the server's, and the reverse.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -192,8 +193,13 @@ class LocalClient:
         return _json(list_all(self.services, self._caller()))
 
     def erasure(self, erasure_id: str) -> dict[str, Any]:
+        from service.erasure import ERASURE_ID_PATTERN
         from service.routers.erasures import get_one
 
+        if not re.fullmatch(ERASURE_ID_PATTERN, erasure_id):
+            raise InvalidInput(
+                f"{erasure_id!r} is not an erasure id (er_ and 24 hex digits)", field="erasure_id"
+            )
         return _json(get_one(self.services, self._caller(), erasure_id))
 
     def close(self) -> None:

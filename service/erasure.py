@@ -23,7 +23,16 @@ if TYPE_CHECKING:
     from service.deps import Services
     from service.jobs import JobRecord
 
-__all__ = ["check_erasure", "erasure_view", "run_erasure", "submit_erasure"]
+__all__ = [
+    "ERASURE_ID_PATTERN",
+    "check_erasure",
+    "erasure_view",
+    "run_erasure",
+    "submit_erasure",
+]
+
+#: What an erasure id looks like (:func:`catalog.erase.erasure_id`).
+ERASURE_ID_PATTERN = r"^er_[0-9a-f]{24}$"
 
 Progress = Callable[[str, float], None]
 

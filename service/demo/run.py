@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["run_demo"]
 
-RECIPE = Path(__file__).resolve().parents[1] / "docs" / "recipes" / "demo.yaml"
+RECIPE = Path(__file__).resolve().parents[2] / "docs" / "recipes" / "demo.yaml"
 TRAIN_STEPS = 40
 KILL_AFTER = 15
 CACHE_BUDGET = 256 * 1024**2

@@ -12,7 +12,7 @@ from catalog.erase import get_erasure, list_erasures
 from catalog.errors import NotFound
 from manifests.registry import canonical_json
 from service.deps import Admin, Reader, Svc
-from service.erasure import erasure_view, submit_erasure
+from service.erasure import ERASURE_ID_PATTERN, erasure_view, submit_erasure
 from service.routers.jobs import job_public
 from service.schemas import (
     ErasureCreate,
@@ -27,7 +27,6 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1", tags=["erasures"])
 
 _ERR = {"model": ErrorResponse}
-_ERASURE_ID = r"^er_[0-9a-f]{24}$"
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -68,7 +67,7 @@ def list_all(services: Svc, principal: Reader) -> ErasuresPublic:
 def get_one(
     services: Svc,
     principal: Reader,
-    erasure_id: Annotated[str, Path(pattern=_ERASURE_ID)],
+    erasure_id: Annotated[str, Path(pattern=ERASURE_ID_PATTERN)],
 ) -> ErasurePublic:
     return ErasurePublic(**erasure_view(get_erasure(services.catalog, erasure_id)))
 

@@ -146,6 +146,10 @@ def test_erase_needs_a_hard_tombstone(pair: tuple[Client, World]) -> None:
         client.erase(world.train_assets[0])
     assert "hard tombstone" in refused.value.message
     assert client.erasures() == {"data": [], "count": 0}
+    with pytest.raises(InvalidInput):
+        client.erasure("not-an-erasure-id")
+    with pytest.raises(NotFound):
+        client.erasure("er_" + "0" * 24)
 
 
 # -- the HTTP side alone ------------------------------------------------------------------
