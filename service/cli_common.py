@@ -11,6 +11,8 @@ configured lake. A command never asks which it got.
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
@@ -61,7 +63,12 @@ def open_lake() -> Lake:
 
 @contextmanager
 def open_client(url: str | None, token: str | None) -> Iterator[Client]:
-    """The client of ``url``, or of the configured lake in this process; closed after."""
+    """The client of ``url``, or of the configured lake in this process; closed after.
+
+    Ctrl-C ends the process at once (exit 130) rather than wait for a job: a server's
+    job goes on; an in-process one stops as in a crash (every write is atomic, and the
+    job store marks it ``interrupted`` when the lake is next opened).
+    """
     client: Client
     if url:
         from service.client import HttpClient
@@ -73,6 +80,11 @@ def open_client(url: str | None, token: str | None) -> Iterator[Client]:
         client = LocalClient(get_settings())
     try:
         yield client
+    except KeyboardInterrupt:
+        err.print("[yellow]interrupted[/yellow]")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)  # not sys.exit: that would join the in-process job's thread first
     finally:
         client.close()
 

@@ -4,6 +4,9 @@ loopback prints what the same command prints in embedded mode."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +15,7 @@ import yaml
 
 from service.app import create_app
 from tests.service.support import World, artifact_table, build_world, serve, world_recipe
-from tests.service.test_cli import _vidlake
+from tests.service.test_cli import REPO, _vidlake
 
 
 @pytest.fixture(scope="module")
@@ -65,3 +68,22 @@ def test_errors_exit_alike_in_both_modes(live: tuple[World, str], tmp_path: Path
         assert missing.returncode == 2 and "(not_found)" in missing.stderr, missing.stderr
         hostile = _vidlake(world.home, "sql", "COPY clips TO '/tmp/x.csv'", *extra)
         assert hostile.returncode == 2 and "(invalid_sql)" in hostile.stderr, hostile.stderr
+
+
+def test_ctrl_c_ends_the_cli_at_once_even_with_a_job_running(tmp_path: Path) -> None:
+    """An in-process job runs on a worker thread; Ctrl-C must not wait for it."""
+    code = (
+        "import time\n"
+        "from service.cli_common import open_client\n"
+        "with open_client(None, None) as client:\n"
+        "    client.services.runner.submit('cut', lambda progress: time.sleep(120), {})\n"
+        "    time.sleep(0.5)\n"
+        "    raise KeyboardInterrupt\n"
+    )
+    env = {"VIDLAKE_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin"}
+    started = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=90
+    )
+    assert run.returncode == 130 and "interrupted" in run.stderr, run.stderr
+    assert time.monotonic() - started < 60
