@@ -12,7 +12,7 @@ from rich.table import Table
 
 from catalog.errors import InvalidInput
 from service.cli_common import JsonOpt, TokenOpt, UrlOpt, emit, open_client, out, progress
-from service.client import INGEST_TABLES
+from service.client import INGEST_TABLES, check_table
 
 __all__ = ["COMMANDS", "erase", "erasures", "ingest", "tombstone"]
 
@@ -68,10 +68,7 @@ def ingest(
 ) -> None:
     """Ingest a batch of rows into one table (one commit; rejected whole if any row is bad;
     a rerun of a committed batch is a no-op that prints the first result)."""
-    if table not in INGEST_TABLES:
-        raise InvalidInput(
-            f"unknown table {table!r}; one of {', '.join(INGEST_TABLES)}", table=table
-        )
+    check_table(table)
     rows = _read_rows(file)
     with open_client(url, token) as client:
         result = client.ingest(table, rows, idempotency_key=idempotency_key)

@@ -34,6 +34,7 @@ __all__ = [
     "Progress",
     "RemoteError",
     "Unreachable",
+    "check_table",
     "error_from_body",
     "wait_for_job",
 ]
@@ -174,6 +175,18 @@ class Client(Protocol):
         ...
 
 
+def check_table(table: str) -> None:
+    """Refuse a table a batch cannot be ingested into (before any row is read or sent).
+
+    Raises:
+        InvalidInput: ``table`` is not one of :data:`INGEST_TABLES`.
+    """
+    if table not in INGEST_TABLES:
+        raise _errors.InvalidInput(
+            f"unknown table {table!r}; one of {', '.join(INGEST_TABLES)}", table=table
+        )
+
+
 # -- errors -----------------------------------------------------------------------------
 def _known_errors() -> dict[str, type[VidlakeError]]:
     found: dict[str, type[VidlakeError]] = {}
@@ -295,6 +308,7 @@ class HttpClient:
     ) -> dict[str, Any]:
         import pyarrow as pa
 
+        check_table(table)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else {}
         path = f"/v1/{table.replace('_', '-')}"
         if not isinstance(rows, pa.Table):
@@ -422,3 +436,9 @@ class HttpClient:
 
     def close(self) -> None:
         self.http.close()
+
+    def __enter__(self) -> HttpClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

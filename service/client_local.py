@@ -20,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from catalog.errors import InvalidInput
 from service.auth import SCOPES, Principal
-from service.client import INGEST_TABLES, Progress, wait_for_job
+from service.client import Progress, check_table, wait_for_job
 from service.deps import Services
 from service.settings import Settings
 
@@ -68,10 +68,7 @@ class LocalClient:
     ) -> dict[str, Any]:
         from service.routers.ingest import ingest_batch
 
-        if table not in INGEST_TABLES:
-            raise InvalidInput(
-                f"unknown table {table!r}; one of {', '.join(INGEST_TABLES)}", table=table
-            )
+        check_table(table)
         return _json(ingest_batch(self.services, table, rows, idempotency_key))
 
     def validate(self, recipe: Recipe) -> dict[str, Any]:
@@ -205,3 +202,9 @@ class LocalClient:
     def close(self) -> None:
         if self._owns:
             self.services.close()
+
+    def __enter__(self) -> LocalClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -84,6 +84,8 @@ def test_ingest_rows_and_an_arrow_table(pair: tuple[Client, World]) -> None:
     with pytest.raises(InvalidBatch) as bad:
         client.ingest("scores", [{**row, "score": "high"}])
     assert bad.value.code == "invalid_batch" and bad.value.details.get("row") == 0
+    with pytest.raises(InvalidInput, match="unknown table 'nosuch'"):
+        client.ingest("nosuch", [row])
 
 
 def test_sql_step_diff_and_lineage(pair: tuple[Client, World]) -> None:
