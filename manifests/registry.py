@@ -39,7 +39,7 @@ from typing import Any, BinaryIO, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from catalog.errors import ChecksumMismatch, Conflict, IntegrityError, InvalidInput, NotFound
 from catalog.hashing import is_sha256, sha256_bytes, sha256_file
@@ -220,7 +220,10 @@ class SnapshotDiff(_Fact):
     plan_rows: dict[str, int | None]
     recipe_sha256: dict[str, Any]
     catalog_changed: bool
-    catalog_changes: dict[str, dict[str, Any]]
+    catalog_changes: dict[str, dict[str, Any]] = Field(
+        description="Pin entries that differ, {key: {a, b}}: Iceberg tables by name, "
+        "embedding models as 'embeddings/<model>'"
+    )
     stream_shares: dict[str, dict[str, Any]]
     counts: dict[str, dict[str, Any]]
     drops: dict[str, dict[str, Any]]

@@ -18,6 +18,9 @@ from typing import Annotated, Any
 
 import typer
 
+from service.cli_common import emit, open_lake, progress
+from service.cli_common import out as console
+
 __all__ = ["export_app", "import_app"]
 
 import_app = typer.Typer(help="Adopt existing datasets by reference.", no_args_is_help=True)
@@ -26,28 +29,20 @@ export_app = typer.Typer(help="Write snapshots in other formats.", no_args_is_he
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 
 
-def _helpers() -> Any:
-    # service.cli imports this module at load time; take its plumbing at call time.
-    from service import cli
-
-    return cli
-
-
 def _render_import(report: dict[str, Any]) -> None:
-    out = _helpers().out
-    out.print(
+    console.print(
         f"imported [bold]{report['imported']}[/bold] samples from {report['shards']} shards "
         f"(revision {report['revision'] or 'unversioned'}): {report['duplicates']} already "
         f"present, {report['excluded']} excluded, {report['eval']} eval, "
         f"{report['quarantined']} quarantined"
     )
-    out.print(
+    console.print(
         f"indexed by headers: {report['index_bytes_read']} of {report['shard_bytes']} bytes "
         f"read ({report['index_read_fraction']:.4%}) in {report['index_requests']} requests"
     )
     if "verify" in report:
         v = report["verify"]
-        out.print(f"verified {len(v['verified'])} shards; failed: {v['failed'] or 'none'}")
+        console.print(f"verified {len(v['verified'])} shards; failed: {v['failed'] or 'none'}")
 
 
 @import_app.command("tar-shards")
@@ -74,16 +69,15 @@ def import_tar_shards_cmd(
     """Adopt a TAR-shard dataset without copying a byte (headers-only indexing)."""
     from interop.tar_import import ImportOptions, import_tar_shards, verify_shards
 
-    cli = _helpers()
     options = ImportOptions(
         rung=rung,
         tokenizer_version=tokenizer_version,
         source_tier=source_tier,
         caption_version=caption_version,
     )
-    lake = cli._lake()
+    lake = open_lake()
     try:
-        with cli._progress(not as_json) as report:
+        with progress(not as_json) as report:
             result = import_tar_shards(
                 lake.catalog, source, revision=revision, options=options, progress=report
             ).to_dict()
@@ -91,7 +85,7 @@ def import_tar_shards_cmd(
                 result["verify"] = verify_shards(lake.catalog, progress=report)
     finally:
         lake.close()
-    cli._emit(result, as_json, _render_import)
+    emit(result, as_json, _render_import)
 
 
 @import_app.command("tar-shards-verify")
@@ -99,14 +93,13 @@ def verify_tar_shards_cmd(as_json: JsonOpt = False) -> None:
     """Hash every referenced TAR shard in full; quarantine the samples of any that fail."""
     from interop.tar_import import verify_shards
 
-    cli = _helpers()
-    lake = cli._lake()
+    lake = open_lake()
     try:
-        with cli._progress(not as_json) as report:
+        with progress(not as_json) as report:
             result = verify_shards(lake.catalog, progress=report)
     finally:
         lake.close()
-    cli._emit(result, as_json)
+    emit(result, as_json)
 
 
 @export_app.command("tar-shards")
@@ -119,11 +112,10 @@ def export_tar_shards_cmd(
     """Write a snapshot as bucket-pure TAR shards in plan order, with a manifest."""
     from interop.tar_export import export_tar_shards
 
-    cli = _helpers()
-    lake = cli._lake()
+    lake = open_lake()
     target = out if out.startswith("s3://") else str(Path(out).absolute())
     try:
-        with cli._progress(not as_json) as report:
+        with progress(not as_json) as report:
             result = export_tar_shards(
                 lake.catalog,
                 lake.registry,
@@ -134,10 +126,10 @@ def export_tar_shards_cmd(
             ).to_dict()
     finally:
         lake.close()
-    cli._emit(
+    emit(
         result,
         as_json,
-        lambda r: cli.out.print(
+        lambda r: console.print(
             f"wrote {r['shards']} shards ({r['samples']} samples, {r['bytes']} latent bytes) "
             f"and manifest.json to {r['out']}"
         ),

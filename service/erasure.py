@@ -2,8 +2,9 @@
 
 :func:`run_erasure` composes the catalog's erasure (:func:`catalog.erase.erase_asset`)
 with the registry's step (:func:`manifests.erasure.erase_versions`); the service runs
-it as a background job (kind ``erase``) and the CLI runs it in embedded mode. Both
-take the same path, so a rerun of either resumes the other's interrupted run.
+it as a background job (kind ``erase``, :func:`submit_erasure`), whether a request
+comes over HTTP or from the CLI's in-process client, so a rerun of either resumes
+the other's interrupted run.
 """
 
 from __future__ import annotations
@@ -19,8 +20,19 @@ from manifests.erasure import erase_versions
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog
     from manifests.registry import Registry
+    from service.deps import Services
+    from service.jobs import JobRecord
 
-__all__ = ["check_erasure", "erasure_view", "run_erasure"]
+__all__ = [
+    "ERASURE_ID_PATTERN",
+    "check_erasure",
+    "erasure_view",
+    "run_erasure",
+    "submit_erasure",
+]
+
+#: What an erasure id looks like (:func:`catalog.erase.erasure_id`).
+ERASURE_ID_PATTERN = r"^er_[0-9a-f]{24}$"
 
 Progress = Callable[[str, float], None]
 
@@ -87,3 +99,26 @@ def erasure_view(record: Mapping[str, Any]) -> dict[str, Any]:
     view["state"] = record.get("state", "done")
     view["audit"] = {k: v for k, v in record.items() if k not in _TOP}
     return view
+
+
+def submit_erasure(
+    services: Services, asset_id: str, *, tombstone: bool, reason: str, by: str | None
+) -> JobRecord:
+    """Queue the erase job of ``asset_id`` (after :func:`check_erasure`), or return the
+    one already queued or running for it: one job per erasure at a time."""
+    catalog, registry = services.catalog, services.registry
+    eid = check_erasure(catalog, asset_id, tombstone=tombstone, reason=reason, by=by)
+    runner = services.runner
+    for state in ("running", "queued"):
+        for job in runner.store.list(state=state, kind="erase", limit=1000):
+            if job.params.get("erasure_id") == eid:
+                return job
+
+    def run(progress: Progress) -> dict[str, Any]:
+        result = run_erasure(
+            catalog, registry, asset_id, reason=reason, requested_by=by, progress=progress
+        )
+        services.reader.forget(result.get("versions", {}).get("artifacts_deleted", []))
+        return erasure_view(result)
+
+    return runner.submit("erase", run, {"erasure_id": eid, "asset_id": asset_id}, owner=by)

@@ -2,7 +2,9 @@
 
 These are not storage models. The catalog's tables, the registry's entries and the
 job store's rows have their own types; routers translate, so that the API can stay
-stable while storage changes (and the OpenAPI document shows exactly these).
+stable while storage changes (and the OpenAPI document shows exactly these). One
+exception: :class:`DiffPublic` is the registry's computed (not stored)
+:class:`~manifests.registry.SnapshotDiff` as it is, rather than a copy of its fields.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from manifests.registry import SnapshotDiff
 
 __all__ = [
     "ClipLineage",
@@ -172,27 +176,10 @@ class PinPublic(_Out):
     at: str | None = None
 
 
-class DiffPublic(_Out):
-    a: int
-    b: int
-    num_clips_a: int
-    num_clips_b: int
-    num_clips_added: int
-    num_clips_removed: int
-    clips_added: list[str]
-    clips_removed: list[str]
-    clips_truncated: bool
-    rows: dict[str, int]
-    plan_rows: dict[str, int | None]
-    recipe_sha256: dict[str, Any]
-    catalog_changed: bool
-    catalog_changes: dict[str, dict[str, Any]] = Field(
-        description="Pin entries that differ, {key: {a, b}}: Iceberg tables by name, "
-        "embedding models as 'embeddings/<model>'"
-    )
-    stream_shares: dict[str, dict[str, Any]]
-    counts: dict[str, dict[str, Any]]
-    drops: dict[str, dict[str, Any]]
+# One definition of the fields: the registry's SnapshotDiff, served as it is (a change
+# there is a change of this API, which the committed OpenAPI document's test shows).
+class DiffPublic(SnapshotDiff):
+    """What changed from version a to version b."""
 
 
 # -- steps and lineage --------------------------------------------------------------

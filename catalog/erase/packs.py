@@ -1,6 +1,6 @@
 """Rewriting a packed latent object without the erased members.
 
-A pack concatenates members (8-byte aligned, see :mod:`catalog.synthetic`) and rows
+A pack concatenates members (8-byte aligned, see :mod:`service.demo.latents`) and rows
 address them by ``offset``/``length``/``member_sha256``. :func:`rewrite_pack` copies
 every *surviving* member (one referenced by a row outside the erased clips), each
 checked against its SHA-256, into a new object in offset order, 8-byte aligned; bytes

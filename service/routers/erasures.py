@@ -12,7 +12,7 @@ from catalog.erase import get_erasure, list_erasures
 from catalog.errors import NotFound
 from manifests.registry import canonical_json
 from service.deps import Admin, Reader, Svc
-from service.erasure import check_erasure, erasure_view, run_erasure
+from service.erasure import ERASURE_ID_PATTERN, erasure_view, submit_erasure
 from service.routers.jobs import job_public
 from service.schemas import (
     ErasureCreate,
@@ -27,7 +27,6 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1", tags=["erasures"])
 
 _ERR = {"model": ErrorResponse}
-_ERASURE_ID = r"^er_[0-9a-f]{24}$"
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -44,31 +43,8 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 def create_erasure(
     body: ErasureCreate, services: Svc, principal: Admin, response: Response
 ) -> JobPublic:
-    catalog, registry = services.catalog, services.registry
-    eid = check_erasure(
-        catalog, body.asset_id, tombstone=body.tombstone, reason=body.reason, by=principal.name
-    )
-    runner = services.runner
-    for state in ("running", "queued"):
-        for job in runner.store.list(state=state, kind="erase", limit=1000):
-            if job.params.get("erasure_id") == eid:  # one job per erasure at a time
-                response.headers["Location"] = f"/v1/jobs/{job.id}"
-                return job_public(job)
-
-    def run(progress: Any) -> dict[str, Any]:
-        result = run_erasure(
-            catalog,
-            registry,
-            body.asset_id,
-            reason=body.reason,
-            requested_by=principal.name,
-            progress=progress,
-        )
-        services.reader.forget(result.get("versions", {}).get("artifacts_deleted", []))
-        return erasure_view(result)
-
-    job = runner.submit(
-        "erase", run, {"erasure_id": eid, "asset_id": body.asset_id}, owner=principal.name
+    job = submit_erasure(
+        services, body.asset_id, tombstone=body.tombstone, reason=body.reason, by=principal.name
     )
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return job_public(job)
@@ -91,7 +67,7 @@ def list_all(services: Svc, principal: Reader) -> ErasuresPublic:
 def get_one(
     services: Svc,
     principal: Reader,
-    erasure_id: Annotated[str, Path(pattern=_ERASURE_ID)],
+    erasure_id: Annotated[str, Path(pattern=ERASURE_ID_PATTERN)],
 ) -> ErasurePublic:
     return ErasurePublic(**erasure_view(get_erasure(services.catalog, erasure_id)))
 

@@ -40,7 +40,7 @@ from service.deps import Services, Svc, Writer
 from service.row_schemas import EMBEDDING_ROW, request_body, row_schema_name
 from service.schemas import ErrorResponse, IngestPublic
 
-__all__ = ["ARROW_STREAM", "router"]
+__all__ = ["ARROW_STREAM", "ingest_batch", "router"]
 
 #: Columns an embeddings batch materialises (clip_id, vector, model_version, ...).
 _EMBEDDING_COLUMNS = 5
@@ -90,8 +90,16 @@ def _decode(
 def _ingest(
     services: Services, path: str, media: str, body: bytes, key: str | None = None
 ) -> IngestPublic:
-    table, method = _TABLES[path]
-    batch = _decode(services, media, body, table)
+    table, _ = _TABLES[path]
+    return ingest_batch(services, table, _decode(services, media, body, table), key)
+
+
+def ingest_batch(
+    services: Services, table: str, batch: pa.Table | list[dict[str, Any]], key: str | None
+) -> IngestPublic:
+    """Ingest a decoded batch into catalog table ``table`` (one commit), with metrics;
+    what ``POST /v1/<table>`` answers (the CLI's in-process client calls it too)."""
+    method = f"add_{table}"
     received = batch.num_rows if isinstance(batch, pa.Table) else len(batch)
     if received == 0:
         return IngestPublic(table=table, received=0, inserted=0, duplicates=0, eval=0, rejected=0)

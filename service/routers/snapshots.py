@@ -255,7 +255,8 @@ def diff_snapshots(
     max_clips: int = Query(1000, ge=0, le=1_000_000),
 ) -> DiffPublic:
     services.eval_versions.require(principal, services.pin(), a, b)
-    return DiffPublic.model_validate(services.registry.diff(a, b, max_clips=max_clips).model_dump())
+    diff = services.registry.diff(a, b, max_clips=max_clips)
+    return DiffPublic.model_validate(diff, from_attributes=True)
 
 
 # -- changing -------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from service.routers.ingest import ARROW_STREAM
 from service.schemas import ErrorResponse, SqlRequest, SqlResult
 from service.sql import QueryResult, Source, View
 
-__all__ = ["router", "run_cancellable"]
+__all__ = ["answer", "router", "run_cancellable"]
 
 router = APIRouter(prefix="/v1", tags=["sql"])
 
@@ -109,9 +109,10 @@ def _sources(services: Services, pin: Any, include_eval: bool) -> dict[str, Sour
     return sources
 
 
-def _answer(
+def answer(
     services: Services, body: SqlRequest, sees_eval: bool, arrow: bool, cancel: threading.Event
 ) -> Response:
+    """Run ``body`` in the sandbox: the :class:`SqlResult` JSON, or an Arrow stream."""
     pin = _pin(services, body)
     result = services.sandbox.run(
         body.query,
@@ -167,5 +168,5 @@ async def run_sql(
     accept: str | None = Header(None),
 ) -> Any:
     arrow = accept is not None and ARROW_STREAM in accept.lower()
-    work = functools.partial(_answer, services, body, principal.sees_eval, arrow)
+    work = functools.partial(answer, services, body, principal.sees_eval, arrow)
     return await run_cancellable(request, work)

@@ -17,11 +17,11 @@ import pytest
 from catalog.catalog import CatalogConfig, VidlakeCatalog
 from catalog.erase import erase_asset, erasure_id, get_erasure
 from catalog.errors import InvalidInput, NotFound
-from catalog.synthetic import generate_corpus
 from manifests.erasure import erase_versions
 from manifests.registry import Registry
 from materializer.cut import cut_snapshot
 from materializer.recipe import load_recipe
+from service.demo.corpus import generate_corpus
 from tests.fixtures.recipes import small_corpus_demo
 
 CAPTION_MARKER = "ZQXV-ERASE-CAPTION-MARKER"

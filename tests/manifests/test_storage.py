@@ -14,7 +14,6 @@ import pytest
 from catalog.catalog import CatalogConfig, VidlakeCatalog
 from catalog.errors import ChecksumMismatch, InvalidInput
 from catalog.objects.s3 import S3ObjectStore
-from catalog.synthetic import generate_corpus
 from manifests.registry import Registry
 from manifests.storage.inventory import build_inventory, read_inventory
 from manifests.storage.receipts import read_receipts
@@ -23,6 +22,7 @@ from manifests.storage.seal import seal
 from manifests.storage.upload import upload_entries
 from materializer.cut import build_artifacts, cut_snapshot
 from materializer.recipe import load_recipe
+from service.demo.corpus import generate_corpus
 from tests.fixtures.recipes import small_corpus_demo
 from tests.fixtures.s3 import S3RequestCounter, s3_client
 

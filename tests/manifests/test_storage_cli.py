@@ -10,11 +10,11 @@ import pytest
 from typer.testing import CliRunner
 
 from catalog.catalog import CatalogConfig, VidlakeCatalog
-from catalog.synthetic import generate_corpus
 from manifests.registry import Registry
 from materializer.cut import cut_snapshot
 from materializer.recipe import load_recipe
 from service.cli import app
+from service.demo.corpus import generate_corpus
 from service.settings import get_settings
 from tests.fixtures.recipes import small_corpus_demo
 

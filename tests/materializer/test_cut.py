@@ -16,11 +16,11 @@ import pytest
 
 from catalog.catalog import CatalogConfig, VidlakeCatalog
 from catalog.errors import InvalidInput, InvalidRecipe
-from catalog.synthetic import generate_corpus
 from loader.format import SNAPSHOT_REQUIRED_KEYS
 from manifests.registry import Registry
 from materializer.cut import LINEAGE_NAME, build_artifacts, cut_snapshot
 from materializer.recipe import Recipe, load_recipe
+from service.demo.corpus import generate_corpus
 from tests.fixtures.recipes import small_corpus_demo, write_small_corpus_demo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -284,7 +284,7 @@ def test_snapshot_counts_the_repeats_a_phase_allows(
 
 @pytest.mark.slow
 def test_the_demo_recipe_cuts_the_demo_corpus_with_no_repeat(tmp_path: Path) -> None:
-    """Issue 11.4: the demo's recipe and corpus (service/demo.py) fit: every pool holds
+    """Issue 11.4: the demo's recipe and corpus (service/demo/run.py) fit: every pool holds
     a step's draw, so the strict recipe cuts and no step holds a sample twice."""
     catalog = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path / "lake"))
     generate_corpus(catalog, seed=0)  # the demo's corpus: default size, seed 0

@@ -16,11 +16,11 @@ import pytest
 
 from catalog.catalog import CatalogConfig, VidlakeCatalog
 from catalog.errors import InvalidRecipe
-from catalog.synthetic import CorpusSummary, generate_corpus
 from manifests.registry import Registry
 from materializer.cut import build_artifacts, cut_snapshot
 from materializer.recipe import Recipe, load_recipe
 from materializer.validate import check_recipe
+from service.demo.corpus import CorpusSummary, generate_corpus
 from tests.fixtures.recipes import small_corpus_demo
 
 REPO = Path(__file__).resolve().parents[2]

@@ -31,7 +31,7 @@ def _vidlake(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from catalog.catalog import CatalogConfig, VidlakeCatalog
-    from catalog.synthetic import generate_corpus
+    from service.demo.corpus import generate_corpus
 
     root = tmp_path_factory.mktemp("home")
     with VidlakeCatalog.open(CatalogConfig.embedded(root, eval_salt="03" * 16)) as catalog:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from service.demo import run_demo
+from service.demo.run import run_demo
 from service.settings import Settings
 
 

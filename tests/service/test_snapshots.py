@@ -369,16 +369,16 @@ def test_a_new_recipe_a_new_commit_or_new_version_true_make_new_versions(
     assert world.registry.versions() == [1, 2, 3, 4]
 
 
-def test_the_cli_cuts_through_the_service_idempotently(cutter: tuple[str, World]) -> None:
+def test_the_client_cuts_through_the_service_idempotently(cutter: tuple[str, World]) -> None:
     from materializer.recipe import load_recipe
-    from service.cli import _Client, _cut_remote
+    from service.client import HttpClient
 
     url, world = cutter
     recipe = load_recipe(CUT_RECIPE)
-    client = _Client(url, None)
-    first = _cut_remote(client, recipe, new_version=False, progress=False)
-    again = _cut_remote(client, recipe, new_version=False, progress=False)  # a 200
-    forced = _cut_remote(client, recipe, new_version=True, progress=False)
+    client = HttpClient(url)
+    first = client.cut(recipe)
+    again = client.cut(recipe)  # a 200
+    forced = client.cut(recipe, new_version=True)
     assert (first["version"], again["version"], forced["version"]) == (1, 1, 2)
     assert world.registry.versions() == [1, 2]
 

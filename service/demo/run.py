@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -30,9 +30,12 @@ from rich.table import Table
 
 from service.settings import Settings
 
+if TYPE_CHECKING:
+    from service.client import HttpClient
+
 __all__ = ["run_demo"]
 
-RECIPE = Path(__file__).resolve().parents[1] / "docs" / "recipes" / "demo.yaml"
+RECIPE = Path(__file__).resolve().parents[2] / "docs" / "recipes" / "demo.yaml"
 TRAIN_STEPS = 40
 KILL_AFTER = 15
 CACHE_BUDGET = 256 * 1024**2
@@ -42,8 +45,7 @@ console = Console()
 
 def run_demo(settings: Settings, *, assets: int = 1500) -> dict[str, Any]:
     """Run the demo against ``settings`` (the embedded default unless configured)."""
-    import httpx
-
+    from service.client import HttpClient
     from service.lake import Lake
 
     home = settings.home.resolve()
@@ -58,9 +60,9 @@ def run_demo(settings: Settings, *, assets: int = 1500) -> dict[str, Any]:
     url = f"http://127.0.0.1:{port}"
     server = _start_server(settings, port)
     try:
-        http = httpx.Client(base_url=url, timeout=120.0)
+        http = HttpClient(url, timeout=120.0)
         console.rule("[bold]2. cut a snapshot through REST")
-        snap = _cut(http, RECIPE.read_text())
+        snap = _cut(http)
         _print_shares(snap)
 
         console.rule("[bold]3. train with 2 ranks, kill, resume with 1")
@@ -93,7 +95,7 @@ def run_demo(settings: Settings, *, assets: int = 1500) -> dict[str, Any]:
 # -- 1. corpus ---------------------------------------------------------------------------------
 def _corpus(lake: Any, home: Path, assets: int) -> dict[str, Any]:
     from catalog.errors import Conflict
-    from catalog.synthetic import generate_corpus
+    from service.demo.corpus import generate_corpus
 
     console.rule("[bold]1. synthetic corpus")
     marker = home / "demo-corpus.json"
@@ -163,35 +165,25 @@ def _start_server(settings: Settings, port: int) -> Any:
     raise RuntimeError("the demo server did not start within 60 s")
 
 
-def _cut(http: Any, recipe_text: str) -> dict[str, Any]:
-    import yaml
+def _cut(http: HttpClient) -> dict[str, Any]:
+    from materializer.recipe import load_recipe
 
-    recipe = yaml.safe_load(recipe_text)
-    job = _ok(http.post("/v1/snapshots", json={"recipe": recipe}))
-    if "id" not in job:  # a rerun of the demo: these inputs already made a version
-        console.print(
-            f"these inputs (recipe, catalog state, code) already made v{job['version']}: "
-            "the service answers with it instead of cutting again"
-        )
-        return dict(_ok(http.get(f"/v1/snapshots/{job['version']}")))
     with Progress(
         TextColumn("{task.description:<11}"), BarColumn(), TimeElapsedColumn(), console=console
     ) as bars:
         tasks: dict[str, Any] = {}
-        while True:
-            state = _ok(http.get(f"/v1/jobs/{job['id']}"))
-            stage = state.get("stage")
-            if stage:
-                if stage not in tasks:
-                    tasks[stage] = bars.add_task(stage, total=1.0)
-                bars.update(tasks[stage], completed=float(state.get("progress") or 0.0))
-            if state["state"] in ("succeeded", "failed"):
-                break
-            time.sleep(0.2)
-    if state["state"] != "succeeded":
-        raise RuntimeError(f"cut failed: {state.get('error')}")
-    version = state["result"]["version"]
-    snap: dict[str, Any] = _ok(http.get(f"/v1/snapshots/{version}"))
+
+        def report(stage: str, fraction: float) -> None:
+            if stage not in tasks:
+                tasks[stage] = bars.add_task(stage, total=1.0)
+            bars.update(tasks[stage], completed=fraction)
+
+        snap = http.cut(load_recipe(RECIPE), progress=report)
+    if not tasks:  # no job ran: a rerun of the demo, these inputs already made a version
+        console.print(
+            f"these inputs (recipe, catalog state, code) already made v{snap['version']}: "
+            "the service answers with it instead of cutting again"
+        )
     return snap
 
 
@@ -334,18 +326,17 @@ def _check_exit(process: Any, what: str) -> None:
 
 
 # -- 4. takedown, recut, diff, lineage ----------------------------------------------------------
-def _takedown_and_recut(http: Any, snap: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
-    step = _ok(http.get(f"/v1/snapshots/{snap['version']}/steps/0"))
+def _takedown_and_recut(
+    http: HttpClient, snap: dict[str, Any], summary: dict[str, Any]
+) -> dict[str, Any]:
+    step = http.step(snap["version"], 0)
     asset = step["samples"][0]["asset_id"]
-    _ok(
-        http.post(
-            "/v1/tombstones",
-            json=[{"asset_id": asset, "reason": "demo: licence withdrawn", "kind": "soft"}],
-        )
+    http.ingest(
+        "tombstones", [{"asset_id": asset, "reason": "demo: licence withdrawn", "kind": "soft"}]
     )
     console.print(f"tombstoned asset {asset[:16]}…")
-    after = _cut(http, RECIPE.read_text())
-    diff = _ok(http.get(f"/v1/snapshots/{snap['version']}/diff/{after['version']}"))
+    after = _cut(http)
+    diff = http.diff(snap["version"], after["version"])
     console.print(
         f"v{snap['version']} → v{after['version']}: {diff['num_clips_removed']} clips removed, "
         f"{diff['num_clips_added']} added; tombstoned drops: "
@@ -354,8 +345,8 @@ def _takedown_and_recut(http: Any, snap: dict[str, Any], summary: dict[str, Any]
     return after
 
 
-def _lineage(http: Any, snap: dict[str, Any]) -> None:
-    step = _ok(http.get(f"/v1/snapshots/{snap['version']}/steps/3"))
+def _lineage(http: HttpClient, snap: dict[str, Any]) -> None:
+    step = http.step(snap["version"], 3)
     sample = step["samples"][0]
     clip = sample["clip_id"]
     query = (
@@ -364,12 +355,12 @@ def _lineage(http: Any, snap: dict[str, Any]) -> None:
         "FROM clips c JOIN assets a USING (asset_id) JOIN scores s USING (clip_id) "
         f"WHERE c.clip_id = '{clip}' ORDER BY s.filter_name, s.filter_version"
     )
-    result = _ok(http.post("/v1/sql", json={"query": query}))
+    result = http.sql(query)
     table = Table(*[c["name"] for c in result["columns"]], title=f"lineage SQL for clip {clip}")
     for row in result["rows"]:
         table.add_row(*[str(v) for v in row])
     console.print(table)
-    lineage = _ok(http.get(f"/v1/lineage/clips/{clip}"))
+    lineage = http.lineage(clip)
     served = lineage.get("snapshots", [])
     console.print(
         f"clip {clip} served by: "
@@ -385,12 +376,3 @@ def _lineage(http: Any, snap: dict[str, Any]) -> None:
             str(s.get("source")),
         )
     console.print(forensic)
-
-
-def _ok(response: Any) -> Any:
-    if response.status_code >= 400:
-        raise RuntimeError(
-            f"{response.request.method} {response.request.url}: "
-            f"{response.status_code} {response.text[:500]}"
-        )
-    return response.json()

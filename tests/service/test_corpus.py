@@ -20,15 +20,9 @@ from catalog.catalog import CatalogConfig, VidlakeCatalog
 from catalog.embeddings import EmbeddingIndex
 from catalog.errors import Conflict, InvalidInput
 from catalog.hashing import sha256_bytes
-from catalog.synthetic import (
-    STAGES,
-    CorpusSummary,
-    generate_corpus,
-    latent_shape,
-    latent_tokens,
-    tombstone_asset,
-)
 from materializer.recipe import load_recipe
+from service.demo.corpus import STAGES, CorpusSummary, generate_corpus, tombstone_asset
+from service.demo.latents import latent_shape, latent_tokens
 
 ASSETS = 60
 SEED = 3

@@ -1,0 +1,171 @@
+"""``vidlake ingest``, ``tombstone``, ``erase`` and ``erasures``: rows into the catalog,
+takedowns, and the erasure of a hard takedown's bytes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from catalog.errors import InvalidInput
+from service.cli_common import JsonOpt, TokenOpt, UrlOpt, emit, open_client, out, progress
+from service.client import INGEST_TABLES, check_table
+
+__all__ = ["COMMANDS", "erase", "erasures", "ingest", "tombstone"]
+
+
+def _read_rows(path: Path) -> Any:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not path.exists():
+        raise InvalidInput(f"{path}: no such file", path=str(path))
+    if not path.is_file():
+        raise InvalidInput(f"{path}: not a file", path=str(path))
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".parquet":
+            return pq.read_table(path)
+        if suffix in (".arrow", ".arrows", ".ipc"):
+            with pa.OSFile(str(path)) as f:
+                try:
+                    return pa.ipc.open_file(f).read_all()
+                except pa.ArrowInvalid:
+                    f.seek(0)
+                    return pa.ipc.open_stream(f).read_all()
+    except (pa.ArrowException, OSError) as exc:
+        what = "Parquet" if suffix == ".parquet" else "Arrow IPC"
+        raise InvalidInput(f"{path}: not a readable {what} file: {exc}", path=str(path)) from exc
+    try:
+        text = path.read_text()
+        if suffix == ".jsonl":
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        rows = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise InvalidInput(f"{path}: not valid JSON: {exc}", path=str(path)) from exc
+    if not isinstance(rows, list):
+        raise InvalidInput(f"{path}: expected a JSON array of rows", path=str(path))
+    return rows
+
+
+def ingest(
+    table: Annotated[str, typer.Argument(help=f"One of: {', '.join(INGEST_TABLES)}.")],
+    file: Annotated[Path, typer.Argument(help="JSON array, JSONL, Parquet or Arrow IPC.")],
+    idempotency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--idempotency-key",
+            help="Name the batch: a rerun with a recorded key writes nothing and prints the "
+            "first result (default: the SHA-256 of the batch's canonical bytes).",
+        ),
+    ] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Ingest a batch of rows into one table (one commit; rejected whole if any row is bad;
+    a rerun of a committed batch is a no-op that prints the first result)."""
+    check_table(table)
+    rows = _read_rows(file)
+    with open_client(url, token) as client:
+        result = client.ingest(table, rows, idempotency_key=idempotency_key)
+    emit(result, as_json)
+
+
+def tombstone(
+    asset_id: Annotated[str, typer.Argument(help="The asset's SHA-256.")],
+    reason: Annotated[str, typer.Option(help="Why (recorded).")],
+    kind: Annotated[
+        str, typer.Option(help="soft: exclude from later cuts; hard: also allows erasing bytes.")
+    ] = "soft",
+    by: Annotated[str | None, typer.Option(help="Who asked.")] = None,
+    then_erase: Annotated[
+        bool,
+        typer.Option(
+            "--erase", help="With --kind hard: erase the bytes now (see `vidlake erase`)."
+        ),
+    ] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Take an asset down: every later snapshot excludes all of its clips."""
+    if then_erase and kind != "hard":
+        raise InvalidInput("--erase needs --kind hard", field="kind")
+    row = {"asset_id": asset_id, "reason": reason, "kind": kind, "requested_by": by}
+    with open_client(url, token) as client:
+        result = client.ingest("tombstones", [row])
+        if then_erase:
+            with progress(not as_json) as report:
+                result = client.erase(asset_id, reason=reason, by=by, progress=report)
+    emit(result, as_json, _render_erasure if then_erase else None)
+
+
+def erase(
+    asset_id: Annotated[str, typer.Argument(help="The asset's SHA-256 (hard-tombstoned).")],
+    reason: Annotated[str, typer.Option(help="Why (recorded in the audit record).")] = (
+        "hard takedown"
+    ),
+    by: Annotated[str | None, typer.Option(help="Who asked.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Erase a hard-tombstoned asset's bytes: objects, Iceberg rows, vectors, snapshot
+    artifacts. Idempotent; rerun it after an interruption to finish the job."""
+    with open_client(url, token) as client, progress(not as_json) as report:
+        result = client.erase(asset_id, reason=reason, by=by, progress=report)
+    emit(result, as_json, _render_erasure)
+
+
+def erasures(
+    erasure_id: Annotated[str | None, typer.Argument(help="One erasure (default: all).")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Erasures and their audit records (what was erased, what could not be)."""
+    with open_client(url, token) as client:
+        if erasure_id is not None:
+            emit(client.erasure(erasure_id), as_json, _render_erasure)
+            return
+        data = client.erasures()
+
+    def render(d: dict[str, Any]) -> None:
+        table = Table("erasure", "asset", "state", "requested by", "completed")
+        for e in d["data"]:
+            table.add_row(
+                e["erasure_id"],
+                e["asset_id"][:16],
+                e["state"],
+                str(e["requested_by"] or ""),
+                str(e["completed_at"] or ""),
+            )
+        out.print(table)
+
+    emit(data, as_json, render)
+
+
+def _render_erasure(e: dict[str, Any]) -> None:
+    audit = e.get("audit") or {}
+    rows = {t: v.get("rows_dropped", 0) for t, v in (audit.get("tables") or {}).items()}
+    out.print(f"[bold]erasure {e['erasure_id']}[/bold]  asset={e['asset_id']}  {e['state']}")
+    out.print(f"rows erased: {rows}")
+    objects = audit.get("objects") or {}
+    out.print(
+        f"objects deleted: {len(objects.get('deleted', []))}  "
+        f"packs rewritten: {len(audit.get('packs_rewritten') or {})}  "
+        f"vectors: {audit.get('vectors_deleted') or {}}"
+    )
+    marked = (audit.get("versions") or {}).get("marked") or {}
+    out.print(f"versions marked: {sorted(int(v) for v in marked)}")
+    adopted = (audit.get("not_erased") or {}).get("adopted_objects") or []
+    if adopted:
+        out.print(f"[yellow]not erasable (adopted by reference): {adopted}[/yellow]")
+
+
+#: In ``vidlake --help`` order.
+COMMANDS = (ingest, tombstone, erase, erasures)

@@ -1,0 +1,209 @@
+"""``vidlake cut``, ``validate``, ``snapshots``, ``show``, ``diff``, ``patch``, ``pin``
+and ``unpin``: recipes in, numbered snapshot versions out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from catalog.errors import InvalidInput
+from service.cli_common import JsonOpt, TokenOpt, UrlOpt, emit, open_client, out, progress
+
+if TYPE_CHECKING:
+    from materializer.recipe import Recipe
+
+__all__ = ["COMMANDS", "cut", "diff", "patch", "pin", "show", "snapshots", "unpin", "validate"]
+
+RecipeArg = Annotated[Path, typer.Argument(help="Recipe file (YAML or JSON).")]
+
+
+def _recipe(path: Path) -> Recipe:
+    from materializer.recipe import load_recipe
+
+    if not path.is_file():
+        raise InvalidInput(f"{path}: no such file", path=str(path))
+    return load_recipe(path)
+
+
+def cut(
+    recipe: RecipeArg,
+    new_version: Annotated[
+        bool,
+        typer.Option(
+            "--new-version",
+            help="Publish a new version even if one with the same inputs exists.",
+        ),
+    ] = False,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Cut a snapshot from a recipe at its catalog pin and register the next version.
+
+    Idempotent: when a published version has the same inputs (recipe, resolved pin,
+    code version), that version is shown instead, unless --new-version."""
+    parsed = _recipe(recipe)
+    with open_client(url, token) as client, progress(not as_json) as report:
+        snap = client.cut(parsed, new_version=new_version, progress=report)
+    emit(snap, as_json, _render_snapshot)
+
+
+def validate(
+    recipe: RecipeArg,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Check a recipe without cutting: its syntax, then every value it names (embedding
+    models, filters, caption versions, rungs, tokenizer, stream predicates, eval
+    embedding coverage) against the catalog at its pin. Exits 2 naming the first
+    unknown value and the known ones."""
+    parsed = _recipe(recipe)
+    with open_client(url, token) as client:
+        result = client.validate(parsed)
+    result.pop("recipe", None)
+    emit(result, as_json, lambda r: out.print(f"[green]valid[/green] {r['name']} {r['sha256']}"))
+
+
+def _render_snapshot(snap: dict[str, Any]) -> None:
+    out.print(
+        f"[bold]snapshot v{snap['version']}[/bold]  parent={snap['parent']}  "
+        f"steps={snap['num_steps']}  samples={snap['counts']['samples']}  "
+        f"plan rows={snap['plan_rows']}"
+    )
+    shares = Table("phase", "stream", "target", "realized", "bound", title="stream shares")
+    for phase in snap["phases"]:
+        for name, target in phase["targets"].items():
+            shares.add_row(
+                phase["name"],
+                name,
+                f"{target:.4f}",
+                f"{phase['realized'].get(name, 0.0):.4f}",
+                f"±{phase['share_bound'].get(name, 0.0):.1f} {phase['unit']}",
+            )
+    out.print(shares)
+    drops = Table("reason", "samples", title="dropped")
+    for reason, n in snap["drops"].items():
+        drops.add_row(reason, str(n))
+    out.print(drops)
+
+
+def snapshots(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """List registered snapshot versions."""
+    with open_client(url, token) as client:
+        rows = client.snapshots()["data"]
+
+    def render(items: list[dict[str, Any]]) -> None:
+        table = Table(
+            "version",
+            "parent",
+            "patch_of",
+            "recipe",
+            "steps",
+            "samples",
+            "pinned",
+            "erased",
+            "created",
+        )
+        for r in items:
+            table.add_row(
+                str(r["version"]),
+                str(r["parent"]),
+                str(r["patch_of"] or ""),
+                str(r["name"]),
+                str(r["num_steps"]),
+                str(r["counts"].get("samples", "")),
+                "yes" if r["pinned"] else "",
+                "yes" if r.get("contains_erased_data") else "",
+                r["created_at"],
+            )
+        out.print(table)
+
+    emit(rows, as_json, render)
+
+
+def show(
+    version: int, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Show one snapshot's metadata (snapshot.json; with ``contains_erased_data`` and
+    ``erasure_ids`` added, and the artifacts the latest erasure mark names)."""
+    with open_client(url, token) as client:
+        snap = client.snapshot(version)
+        marks = client.erasure_marks(version)
+    if marks:
+        snap = {**snap, "artifacts": {**snap["artifacts"], **marks[-1]["artifacts"]}}
+    snap = {
+        **snap,
+        "contains_erased_data": bool(marks and marks[-1]["erased_rows"]),
+        "erasure_ids": [m["erasure_id"] for m in marks],
+    }
+    emit(snap, as_json, _render_snapshot)
+
+
+def diff(
+    a: int,
+    b: int,
+    max_clips: Annotated[int, typer.Option(help="List at most this many clip ids.")] = 20,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """What changed between two versions: clips added/removed, stream shares, drops."""
+    with open_client(url, token) as client:
+        emit(client.diff(a, b, max_clips=max_clips), True)
+
+
+def patch(
+    version: int,
+    reason: Annotated[str, typer.Option(help="Why (recorded in the new version).")],
+    clips: Annotated[
+        list[str] | None, typer.Option("--clip", help="Clip id to exclude (repeat).")
+    ] = None,
+    assets: Annotated[
+        list[str] | None, typer.Option("--asset", help="Asset id to exclude (repeat).")
+    ] = None,
+    by: Annotated[str | None, typer.Option(help="Who asked.")] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make a new version of V that skips the given clips/assets in every step."""
+    if not clips and not assets:
+        raise InvalidInput("name at least one --clip or --asset to exclude")
+    with open_client(url, token) as client:
+        made = client.patch(
+            version, reason=reason, exclude_clip_ids=clips, exclude_asset_ids=assets, by=by
+        )
+        snap = client.snapshot(made["version"])
+    emit(snap, as_json, _render_snapshot)
+
+
+def pin(
+    version: int,
+    reason: Annotated[str, typer.Option(help="Why this version must be kept.")],
+    by: Annotated[
+        str | None, typer.Option(help="Who pins it (over --url: the token's name).")
+    ] = None,
+    url: UrlOpt = None,
+    token: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Protect a version's objects from garbage collection."""
+    with open_client(url, token) as client:
+        emit(client.pin(version, reason, by=by), as_json)
+
+
+def unpin(
+    version: int, url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """Remove a version's pin."""
+    with open_client(url, token) as client:
+        result = client.unpin(version)
+    emit({"version": version, "unpinned": result["changed"]}, as_json)
+
+
+#: In ``vidlake --help`` order.
+COMMANDS = (cut, validate, snapshots, show, diff, patch, pin, unpin)

@@ -1,0 +1,210 @@
+"""The in-process :class:`~service.client.Client`: the service's operations on the
+embedded (or configured) catalog, without a server.
+
+:class:`LocalClient` holds a :class:`~service.deps.Services` built from the settings,
+exactly as the app does, and calls the functions the routers call (most of them the
+route functions themselves, with a caller holding every scope), so an answer is the
+document the REST API would send, and an error the one it would raise. Cuts and
+erasures run as the service's background jobs and are waited for here, so an
+interrupted one resumes or is joined by the server's, and the reverse.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from catalog.errors import InvalidInput
+from service.auth import SCOPES, Principal
+from service.client import Progress, check_table, wait_for_job
+from service.deps import Services
+from service.settings import Settings
+
+if TYPE_CHECKING:
+    from materializer.recipe import Recipe
+
+__all__ = ["LocalClient"]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _body(model: type[M], **fields: Any) -> M:
+    """A request model, its validation failure an :class:`InvalidInput` (as over HTTP)."""
+    try:
+        return model(**fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise InvalidInput(f"{where}: {first['msg']}", field=where) from None
+
+
+def _json(model: BaseModel) -> dict[str, Any]:
+    data: dict[str, Any] = model.model_dump(mode="json")
+    return data
+
+
+class LocalClient:
+    """A :class:`~service.client.Client` of the lake ``settings`` name, in this process.
+
+    Args:
+        settings: Where the lake is (``vidlake config``).
+        services: Use these instead of building them from ``settings`` (tests).
+    """
+
+    def __init__(self, settings: Settings, *, services: Services | None = None) -> None:
+        self.services = services or Services(settings)
+        self._owns = services is None
+
+    def _caller(self, by: str | None = None) -> Principal:
+        # The operator at the lake's own files may do anything a token could.
+        return Principal(by or "local", frozenset(SCOPES))
+
+    def ingest(
+        self, table: str, rows: Any, *, idempotency_key: str | None = None
+    ) -> dict[str, Any]:
+        from service.routers.ingest import ingest_batch
+
+        check_table(table)
+        return _json(ingest_batch(self.services, table, rows, idempotency_key))
+
+    def validate(self, recipe: Recipe) -> dict[str, Any]:
+        from service.routers.snapshots import validate_recipe
+        from service.schemas import SnapshotCreate
+
+        body = _body(SnapshotCreate, recipe=json.loads(recipe.to_canonical_json()))
+        return _json(validate_recipe(body, self.services, self._caller()))
+
+    def cut(
+        self, recipe: Recipe, *, new_version: bool = False, progress: Progress | None = None
+    ) -> dict[str, Any]:
+        from service.cuts import submit_cut
+
+        outcome = submit_cut(self.services, recipe, new_version=new_version, owner="local")
+        if outcome.record is not None:
+            return self.snapshot(outcome.record.version)
+        assert outcome.job is not None
+        return self.snapshot(wait_for_job(self.job, outcome.job.id, progress)["version"])
+
+    def snapshots(self, *, limit: int = 100, offset: int = 0) -> dict[str, Any]:
+        from service.routers.snapshots import list_snapshots
+
+        return _json(list_snapshots(self.services, self._caller(), limit=limit, offset=offset))
+
+    def snapshot(self, version: int) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(self.services.reader.snapshot_bytes(version))
+        return data
+
+    def erasure_marks(self, version: int) -> list[dict[str, Any]]:
+        return [m.model_dump(mode="json") for m in self.services.reader.record(version).erasures]
+
+    def diff(self, a: int, b: int, *, max_clips: int = 1000) -> dict[str, Any]:
+        from service.routers.snapshots import diff_snapshots
+
+        return _json(diff_snapshots(self.services, self._caller(), a, b, max_clips=max_clips))
+
+    def patch(
+        self,
+        version: int,
+        *,
+        reason: str,
+        exclude_clip_ids: list[str] | None = None,
+        exclude_asset_ids: list[str] | None = None,
+        by: str | None = None,
+    ) -> dict[str, Any]:
+        from service.routers.snapshots import patch_snapshot
+        from service.schemas import PatchCreate
+
+        body = _body(
+            PatchCreate,
+            reason=reason,
+            exclude_clip_ids=exclude_clip_ids or [],
+            exclude_asset_ids=exclude_asset_ids or [],
+            by=by,
+        )
+        return _json(patch_snapshot(body, self.services, self._caller(by), version))
+
+    def pin(self, version: int, reason: str, *, by: str | None = None) -> dict[str, Any]:
+        from service.routers.snapshots import pin_snapshot
+        from service.schemas import PinCreate
+
+        body = _body(PinCreate, reason=reason)
+        return _json(pin_snapshot(body, self.services, self._caller(by), version))
+
+    def unpin(self, version: int) -> dict[str, Any]:
+        from service.routers.snapshots import unpin_snapshot
+
+        return _json(unpin_snapshot(self.services, self._caller(), version, reason=None))
+
+    def sql(
+        self, query: str, *, snapshot: int | None = None, limit: int | None = None
+    ) -> dict[str, Any]:
+        from service.routers.sql import answer
+        from service.schemas import SqlRequest
+
+        body = _body(SqlRequest, query=query, snapshot=snapshot, limit=limit)
+        response = answer(self.services, body, True, False, threading.Event())
+        data: dict[str, Any] = json.loads(bytes(response.body))
+        return data
+
+    def lineage(self, clip_id: str) -> dict[str, Any]:
+        from service.routers.lineage import get_clip_lineage
+
+        return _json(get_clip_lineage(self.services, self._caller(), clip_id))
+
+    def step(self, version: int, step: int) -> dict[str, Any]:
+        from service.routers.snapshots import get_step
+
+        return _json(get_step(self.services, self._caller(), version, step))
+
+    def jobs(self) -> dict[str, Any]:
+        from service.routers.jobs import list_jobs
+
+        return _json(list_jobs(self.services, self._caller(), state=None, kind=None, limit=100))
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        from service.routers.jobs import get_job
+
+        return _json(get_job(self.services, self._caller(), job_id))
+
+    def erase(
+        self,
+        asset_id: str,
+        *,
+        reason: str = "hard takedown",
+        by: str | None = None,
+        progress: Progress | None = None,
+    ) -> dict[str, Any]:
+        from service.erasure import submit_erasure
+
+        job = submit_erasure(self.services, asset_id, tombstone=False, reason=reason, by=by)
+        result: dict[str, Any] = wait_for_job(self.job, job.id, progress)
+        return result
+
+    def erasures(self) -> dict[str, Any]:
+        from service.routers.erasures import list_all
+
+        return _json(list_all(self.services, self._caller()))
+
+    def erasure(self, erasure_id: str) -> dict[str, Any]:
+        from service.erasure import ERASURE_ID_PATTERN
+        from service.routers.erasures import get_one
+
+        if not re.fullmatch(ERASURE_ID_PATTERN, erasure_id):
+            raise InvalidInput(
+                f"{erasure_id!r} is not an erasure id (er_ and 24 hex digits)", field="erasure_id"
+            )
+        return _json(get_one(self.services, self._caller(), erasure_id))
+
+    def close(self) -> None:
+        if self._owns:
+            self.services.close()
+
+    def __enter__(self) -> LocalClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
