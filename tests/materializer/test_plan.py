@@ -689,3 +689,32 @@ def test_scatter_permutation_ignores_input_order(ids: list[str], data: st.DataOb
     assert keys.dtype == np.uint64 and len(keys) == len(ids)
     if len(ids) > 20:
         assert [ids[i] for i in scatter_permutation(ids, 6)] != a
+
+
+def test_plan_modules_import_only_the_ones_below_them() -> None:
+    """materializer/plan/__init__.py promises a dependency order between its modules;
+    a module that imports one at or above its level breaks it."""
+    import ast
+
+    levels = {
+        "rng": 0,
+        "spec": 0,
+        "scatter": 1,
+        "buckets": 1,
+        "quotas": 1,
+        "layout": 2,
+        "draw": 3,
+        "steps": 4,
+        "summary": 5,
+        "write": 6,
+    }
+    package = REPO / "materializer" / "plan"
+    assert {p.stem for p in package.glob("*.py")} == {*levels, "__init__"}
+    for name, level in levels.items():
+        tree = ast.parse((package / f"{name}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "materializer.plan."
+            ):
+                other = node.module.rsplit(".", 1)[1]  # type: ignore[union-attr]
+                assert levels[other] < level, f"{name} imports {other}"
