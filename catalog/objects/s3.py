@@ -55,7 +55,7 @@ from catalog.errors import (
     StorageError,
     VidlakeError,
 )
-from catalog.hashing import CHUNK, is_sha256
+from catalog.hashing import CHUNK, is_sha256, sha256_file
 from catalog.objects.base import (
     OBJECTS_DIR,
     ObjectInfo,
@@ -262,7 +262,7 @@ class S3ObjectStore(ObjectStore):
             # Small enough to hold: send exactly the bytes that were hashed.
             with open(path, "rb") as f:
                 return self.put_bytes(f.read(), sha256)
-        actual = _hash_file(path)
+        actual = sha256_file(path)[0]
         _check_supplied(sha256, actual, size)
         return self._put_large(lambda: open(path, "rb"), str(path), actual, size)
 
@@ -651,14 +651,6 @@ class S3ObjectStore(ObjectStore):
 
 class _Retry(Exception):
     """Internal: try the conditional write again."""
-
-
-def _hash_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _mismatch(sha256: str, actual: str, size: int, key: str) -> ChecksumMismatch:
