@@ -30,7 +30,8 @@ Why this module is longer than ~500 lines: it is one class, the whole
 :class:`ObjectStore` contract on S3, whose short methods share the client, the key
 prefix and the error context (splitting it would scatter one object's state). What
 stands alone is elsewhere: the client factory and error translation
-(``s3_client``), multipart uploads (``s3_multipart``), checksum trust (``s3_checksums``).
+(``s3_client``), multipart uploads (``s3_multipart``), checksum trust (``s3_checksums``)
+and listings (``s3_listing``).
 """
 
 from __future__ import annotations
@@ -53,9 +54,8 @@ from catalog.errors import (
     InvalidInput,
     NotFound,
     StorageError,
-    VidlakeError,
 )
-from catalog.hashing import CHUNK, is_sha256
+from catalog.hashing import CHUNK, is_sha256, sha256_file
 from catalog.objects.base import (
     OBJECTS_DIR,
     ObjectInfo,
@@ -83,6 +83,7 @@ from catalog.objects.s3_client import (
     make_client,
     translate,
 )
+from catalog.objects.s3_listing import list_under, named_keys, unfinished_uploads, versions_of
 from catalog.objects.s3_multipart import MIN_PART, upload_multipart
 
 __all__ = ["S3ObjectStore"]
@@ -262,7 +263,7 @@ class S3ObjectStore(ObjectStore):
             # Small enough to hold: send exactly the bytes that were hashed.
             with open(path, "rb") as f:
                 return self.put_bytes(f.read(), sha256)
-        actual = _hash_file(path)
+        actual = sha256_file(path)[0]
         _check_supplied(sha256, actual, size)
         return self._put_large(lambda: open(path, "rb"), str(path), actual, size)
 
@@ -375,19 +376,7 @@ class S3ObjectStore(ObjectStore):
         self._call("delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=key))
         # In a versioned bucket that only added a delete marker; a takedown must erase
         # the bytes, so every version of the key goes (an unversioned bucket lists none).
-        pages = self.client.get_paginator("list_object_versions").paginate(
-            Bucket=self.bucket, Prefix=key
-        )
-        versions = self._call(
-            "delete",
-            key,
-            lambda: [
-                v["VersionId"]
-                for page in pages
-                for v in [*page.get("Versions", []), *page.get("DeleteMarkers", [])]
-                if v["Key"] == key
-            ],
-        )
+        versions = versions_of(self.client, self.bucket, key)
         for version in versions:
             erase = functools.partial(
                 self.client.delete_object, Bucket=self.bucket, Key=key, VersionId=version
@@ -397,14 +386,7 @@ class S3ObjectStore(ObjectStore):
 
     def abort_uploads(self, sha256: str) -> int:
         key = self.key_of(sha256)
-        pages = self.client.get_paginator("list_multipart_uploads").paginate(
-            Bucket=self.bucket, Prefix=key
-        )
-        uploads = self._call(
-            "delete",
-            key,
-            lambda: [u["UploadId"] for p in pages for u in p.get("Uploads", []) if u["Key"] == key],
-        )
+        uploads = unfinished_uploads(self.client, self.bucket, key)
         for upload_id in uploads:
             abort = functools.partial(
                 self.client.abort_multipart_upload, Bucket=self.bucket, Key=key, UploadId=upload_id
@@ -414,7 +396,7 @@ class S3ObjectStore(ObjectStore):
 
     def iter_objects(self) -> Iterator[ObjectInfo]:
         base = f"{self.prefix}/{OBJECTS_DIR}/" if self.prefix else f"{OBJECTS_DIR}/"
-        for item in self._list(base):
+        for item in list_under(self.client, self.bucket, base):
             sha = item["Key"].rpartition("/")[2]
             # Anything else under objects/ (a stray key) is not an object of this store.
             if is_sha256(sha) and item["Key"] == self.key_of(sha):
@@ -461,21 +443,7 @@ class S3ObjectStore(ObjectStore):
 
     def list_keys(self, prefix: str) -> list[str]:
         root = f"{self.prefix}/" if self.prefix else ""
-        keys: list[str] = []
-        # One delimited listing of the top level, so that objects/ is never enumerated.
-        top_level = self._list(root, delimiter="/", prefixes=True)
-        for item in top_level:
-            name = item["Key"][len(root) :]
-            if name.endswith("/"):
-                if name == f"{OBJECTS_DIR}/" or not (
-                    name.startswith(prefix) or prefix.startswith(name)
-                ):
-                    continue
-                sub = root + (prefix if prefix.startswith(name) else name)
-                keys.extend(i["Key"][len(root) :] for i in self._list(sub))
-            elif name.startswith(prefix):
-                keys.append(name)
-        return sorted(k for k in keys if _valid_key(k))
+        return named_keys(self.client, self.bucket, root, prefix)
 
     # -- internals ---------------------------------------------------------------------
     def _put_object(self, key: str, data: bytes, sha256_digest: bytes) -> None:
@@ -612,28 +580,6 @@ class S3ObjectStore(ObjectStore):
             return digest.hexdigest(), size
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _list(
-        self, prefix: str, delimiter: str = "", prefixes: bool = False
-    ) -> Iterator[dict[str, Any]]:
-        """List keys under ``prefix``; with ``prefixes``, common prefixes come as keys too."""
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
-        if delimiter:
-            kwargs["Delimiter"] = delimiter
-        paginator = self.client.get_paginator("list_objects_v2")
-        try:
-            for page in paginator.paginate(**kwargs):
-                yield from page.get("Contents", [])
-                if prefixes:
-                    for common in page.get("CommonPrefixes", []):
-                        yield {"Key": common["Prefix"], "Size": 0}
-        except VidlakeError:
-            raise
-        except Exception as exc:
-            err = self._translated(exc, "list", prefix)
-            if err is exc:
-                raise
-            raise err from exc
-
     def _call(self, op: str, key: str, fn: Callable[[], _T]) -> _T:
         """``fn()`` with botocore's errors translated (:func:`s3_client.translate`)."""
         return guarded(op, f"s3://{self.bucket}/{key}", fn, **self._context(key))
@@ -653,14 +599,6 @@ class _Retry(Exception):
     """Internal: try the conditional write again."""
 
 
-def _hash_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _mismatch(sha256: str, actual: str, size: int, key: str) -> ChecksumMismatch:
     return ChecksumMismatch(
         f"object {sha256} is corrupt: its {size} bytes hash to {actual}",
@@ -674,11 +612,3 @@ def _mismatch(sha256: str, actual: str, size: int, key: str) -> ChecksumMismatch
 def _total_from_range(resp: dict[str, Any], got: int) -> int:
     total = str(resp.get("ContentRange", "")).rpartition("/")[2]
     return int(total) if total.isdigit() else got
-
-
-def _valid_key(key: str) -> bool:
-    try:
-        check_key(key)
-    except InvalidInput:
-        return False
-    return True

@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from catalog.catalog import CatalogConfig, VidlakeCatalog
 from catalog.errors import StorageError
-from tests.service.support import TestClient, World, assert_error, sha
+from service.app import create_app
+from service.settings import Settings
+from tests.service.support import TestClient, assert_error, sha
 
 
 def test_storage_error_with_a_code_detail_answers_storage_error(
-    world: World, client: TestClient, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    catalog = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path, eval_fraction=0.0))
+
     def denied(*_: Any, **__: Any) -> None:
         raise StorageError("S3 head of s3://b/k failed: AccessDenied", key="k", code="AccessDenied")
 
-    monkeypatch.setattr(world.catalog.objects, "head", denied)
-    error = assert_error(client.get(f"/v1/objects/{sha('absent')}"), 502, "storage_error")
+    monkeypatch.setattr(catalog.objects, "head", denied)
+    with TestClient(create_app(Settings(home=tmp_path), catalog=catalog)) as client:
+        response = client.get(f"/v1/objects/{sha('absent')}")
+    error = assert_error(response, 502, "storage_error")
     assert error["details"] == {"key": "k", "code": "AccessDenied"}
