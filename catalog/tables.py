@@ -19,7 +19,7 @@ schema that matches an Iceberg schema (required fields are non-nullable).
 into columns of the table's types, fills defaults and runs the row checks that need no
 catalog state, vectorised with ``pyarrow.compute``; the first bad row raises
 :class:`~catalog.errors.InvalidBatch` naming the row and the field. Checks against the
-catalog (duplicates, references, objects) live in :mod:`catalog.catalog`.
+catalog (duplicates, references, objects) live in :mod:`catalog.ingest`.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from pyiceberg.types import (
 from catalog import names
 from catalog.errors import Conflict, InvalidBatch
 from catalog.rules import FRAME_BYTES, pack_fingerprint
+from catalog.table_names import EVAL_SPLIT, TABLE_NAMES, TRAIN_SPLIT
 
 __all__ = [
     "EVENTS",
@@ -71,7 +72,7 @@ __all__ = [
 ]
 
 SOURCE_TIERS = ("licensed", "crawl", "synthetic")
-SPLITS = ("train", "eval")
+SPLITS = (TRAIN_SPLIT, EVAL_SPLIT)
 EVENTS = ("quarantined", "released", "near_duplicate")
 TOMBSTONE_KINDS = ("soft", "hard")
 FORMATS = ("safetensors", "pt", "npy")
@@ -511,7 +512,8 @@ JOBS = TableDef(
 TABLES: Mapping[str, TableDef] = {
     t.name: t for t in (ASSETS, ASSET_EVENTS, TOMBSTONES, CLIPS, LATENTS, SCORES, CAPTIONS, JOBS)
 }
-TABLE_NAMES: tuple[str, ...] = tuple(TABLES)
+if tuple(TABLES) != TABLE_NAMES:  # catalog.table_names declares them for light importers
+    raise ImportError(f"catalog.tables declares {tuple(TABLES)}, table_names {TABLE_NAMES}")
 
 
 # -- coercion ---------------------------------------------------------------------------

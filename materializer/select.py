@@ -40,7 +40,8 @@ from materializer.dedup import Decontamination, decontaminate, semdedup
 from materializer.recipe import Recipe
 
 if TYPE_CHECKING:
-    from catalog.catalog import Pin, VidlakeCatalog
+    from catalog.catalog import VidlakeCatalog
+    from catalog.pins import Pin
 
 __all__ = [
     "Selection",

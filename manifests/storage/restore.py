@@ -170,7 +170,9 @@ def _restore_registry(store: S3ObjectStore, spec: dict[str, Any]) -> None:
 
 
 def _register_tables(out: Path, spec: dict[str, Any], store: S3ObjectStore) -> Any:
-    from catalog.catalog import CatalogConfig, VidlakeCatalog, _connect
+    from catalog.backends import connect
+    from catalog.catalog import VidlakeCatalog
+    from catalog.config import CatalogConfig
 
     props = spec["namespace_properties"]
     config = CatalogConfig.embedded(
@@ -182,7 +184,7 @@ def _register_tables(out: Path, spec: dict[str, Any], store: S3ObjectStore) -> A
     )
     old_root = spec["source_warehouse"].rstrip("/")
     new_root = (out / "warehouse").as_uri()
-    iceberg = _connect(config)
+    iceberg = connect(config)
     iceberg.create_namespace(spec["namespace"], props)
     for table, t in sorted(spec["tables"].items()):
         rel = _safe_rel(t["name"])

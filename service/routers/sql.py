@@ -74,7 +74,7 @@ async def run_cancellable(request: Request, work: Callable[[threading.Event], T]
 
 
 def _pin(services: Services, body: SqlRequest) -> Any:
-    from catalog.catalog import Pin
+    from catalog.pins import Pin
 
     catalog = services.catalog
     if body.snapshot is not None:

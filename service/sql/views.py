@@ -291,7 +291,7 @@ class CatalogViews:
         fs_by_scheme = getattr(io, "fs_by_scheme", None)
         if fs_by_scheme is None or any(t.delete_files for t in tasks) or not tasks:
             # Not a pyarrow FileIO (or deletes to apply): let pyiceberg read it.
-            from catalog.catalog import Pin
+            from catalog.pins import Pin
 
             pin = Pin({table: sid})
             return ds.dataset(self.catalog.scan(table, pin, include_eval=True))

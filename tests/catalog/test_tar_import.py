@@ -13,7 +13,8 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput, NotFound
 from catalog.interop.sources import RangeSource
 from catalog.interop.tar_import import (

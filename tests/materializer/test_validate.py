@@ -14,7 +14,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.errors import InvalidRecipe
 from catalog.synthetic import CorpusSummary, generate_corpus
 from manifests.registry import Registry
