@@ -221,9 +221,9 @@ def _check_snapshots(
     if isinstance(recipe.catalog_pin, str):
         return
     for table, sid in pin.items():
-        if sid is None or catalog.iceberg_table(table).metadata.snapshot_by_id(sid):
+        if sid is None or catalog.has_snapshot(table, sid):
             continue
-        snaps = [s.snapshot_id for s in catalog.iceberg_table(table).metadata.snapshots]
+        snaps = catalog.snapshot_ids(table)
         problems.add(
             f"catalog_pin.{table}",
             f"{table} has no snapshot {sid} (expired?); it has {len(snaps)}",

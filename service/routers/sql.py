@@ -87,7 +87,7 @@ def _pin(services: Services, body: SqlRequest) -> Any:
     else:
         pin = Pin.from_dict(body.pin)
     for table, sid in pin.items():
-        if sid is not None and catalog.iceberg_table(table).metadata.snapshot_by_id(sid) is None:
+        if sid is not None and not catalog.has_snapshot(table, sid):
             raise NotFound(f"{table} has no snapshot {sid}", table=table, snapshot_id=sid)
     return pin
 
