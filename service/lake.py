@@ -51,8 +51,9 @@ class Lake:
                 if "eval_fraction" in self.settings.model_fields_set
                 else None
             ),
-            s3_endpoint_url=self.settings.s3_endpoint_url,
+            s3_endpoint_url=self.settings.s3_endpoint(),
             s3_path_style=self.settings.s3_path_style or None,
+            s3_region=self.settings.s3_region_name(),
         )
 
     @cached_property
