@@ -35,6 +35,7 @@ from catalog.errors import NotFound
 __all__ = [
     "EVAL_KEYS",
     "EVAL_SPLIT",
+    "INGEST_ORDER",
     "SPLIT_COLUMN",
     "TABLE_NAMES",
     "TRAIN_SPLIT",
@@ -52,6 +53,20 @@ TABLE_NAMES: tuple[str, ...] = (
     "captions",
     "jobs",
 )
+#: The tables in the order a producer fills them: each row references only rows of
+#: tables before it (a clip its asset, a latent its clip).
+INGEST_ORDER: tuple[str, ...] = (
+    "assets",
+    "clips",
+    "latents",
+    "scores",
+    "captions",
+    "tombstones",
+    "asset_events",
+    "jobs",
+)
+if sorted(INGEST_ORDER) != sorted(TABLE_NAMES):
+    raise ImportError("INGEST_ORDER must order exactly the TABLE_NAMES")
 SPLIT_COLUMN = "split"
 EVAL_SPLIT = "eval"
 TRAIN_SPLIT = "train"

@@ -21,6 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from catalog.errors import InvalidInput, VidlakeError
+from catalog.table_names import INGEST_ORDER
 from service.cli_interop import export_app, import_app
 from service.cli_storage import storage_app
 from service.lake import Lake
@@ -216,7 +217,7 @@ def _read_rows(path: Path) -> Any:
     return rows
 
 
-_TABLES = ("assets", "clips", "latents", "scores", "captions", "tombstones", "asset_events", "jobs")
+_TABLES = INGEST_ORDER
 
 
 @app.command()
