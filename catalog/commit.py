@@ -26,11 +26,12 @@ from pyiceberg.table import Table
 from catalog import idempotency, link_events
 from catalog._append import append as fast_append
 from catalog.backends import BACKEND_ERRORS
+from catalog.coerce import coerce_batch, conform, fill_time
 from catalog.config import IngestResult
 from catalog.errors import Conflict, NotFound, StorageError
 from catalog.ingest import Plan, Planner
 from catalog.keycache import KeyCache, snapshot_id
-from catalog.tables import TABLES, coerce_batch, conform, fill_time
+from catalog.tables import TABLES
 
 __all__ = ["COMMIT_ATTEMPTS", "Ingester", "Rows"]
 

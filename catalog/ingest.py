@@ -1,6 +1,6 @@
 """The per-table ingest planners: what one batch adds, checked against the catalog.
 
-A planner takes a coerced batch (:func:`catalog.tables.coerce_batch`) and the table it
+A planner takes a coerced batch (:func:`catalog.coerce.coerce_batch`) and the table it
 goes to, checks it against the catalog's keys (:mod:`catalog.keycache`), and returns a
 :class:`Plan`: the rows to append, the counts of the result, and for assets the
 near-duplicate events of a second commit. A bad row raises

@@ -14,10 +14,11 @@ import pytest
 import catalog.commit as commit_module
 from catalog import idempotency
 from catalog.catalog import VidlakeCatalog
+from catalog.coerce import coerce_batch
 from catalog.commit import Ingester
 from catalog.config import CatalogConfig
 from catalog.errors import InvalidInput
-from catalog.tables import TABLES, coerce_batch
+from catalog.tables import TABLES
 from tests.catalog.test_catalog import asset, cid, clip, fingerprint, flip, train_ids
 
 
