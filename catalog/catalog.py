@@ -293,6 +293,11 @@ class VidlakeCatalog:
         """
         return reads.scan_batches(self, table, pin, columns, row_filter, include_eval=include_eval)
 
+    def eval_ids(self, table: str, pin: Pin | None = None) -> pa.Array:
+        """The ids of the eval assets (``table="assets"``) or clips (``"clips"``) at
+        ``pin`` (the current state when None): the carve-out, as ``scan`` hides it."""
+        return reads.eval_ids(self, table, pin if pin is not None else self.pin())
+
     def latest_scores(
         self,
         pin: Pin | None = None,

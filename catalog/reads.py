@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RowFilter",
     "asset_status",
+    "eval_ids",
     "latest_captions",
     "latest_scores",
     "one_of",
@@ -171,6 +172,26 @@ def missing_snapshot(cat: VidlakeCatalog, table: str, sid: int) -> NotFound:
         snapshot_id=sid,
         erasure_id=eid,
     )
+
+
+def eval_ids(cat: VidlakeCatalog, table: str, at: Pin) -> pa.Array:
+    """The ids of ``table``'s eval rows at ``at``, for a table that carries ``split``
+    (``assets``: asset ids, ``clips``: clip ids).
+
+    Raises:
+        InvalidInput: ``table`` does not carry ``split`` (its eval rows are those of
+            the table its eval key names: :mod:`catalog.table_names`).
+    """
+    ek = eval_key(table)
+    if ek is None or not ek.carries_split(table):
+        owner = "none" if ek is None else ek.owner
+        raise InvalidInput(
+            f"{table} carries no split (its eval rows follow {owner})", field="table"
+        )
+    sid = at[table]
+    if sid is not None and not cat.has_snapshot(table, sid):
+        raise missing_snapshot(cat, table, sid)
+    return _eval_ids(cat, table, ek.key, at)
 
 
 def _eval_ids(cat: VidlakeCatalog, table: str, key: str, at: Pin) -> pa.Array:
