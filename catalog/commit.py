@@ -138,9 +138,9 @@ class Ingester:
             "vidlake.rows": str(rows.num_rows),
             **idempotency.summary_properties(key, batch_sha, counts),
         }
-        has_events = todo.events is not None and todo.events.num_rows > 0
-        if has_events:
-            props[idempotency.PROP_EVENTS] = str(todo.events.num_rows)  # type: ignore[union-attr]
+        events = todo.events if todo.events is not None and todo.events.num_rows else None
+        if events is not None:
+            props[idempotency.PROP_EVENTS] = str(events.num_rows)
         try:
             fast_append(tbl, rows, props, alongside=todo.verify)
         except CommitFailedException:
@@ -150,8 +150,8 @@ class Ingester:
         snap = tbl.current_snapshot()
         assert snap is not None  # we just appended
         self._cache.advance(name, base, snap.parent_snapshot_id, snap.snapshot_id, rows)
-        if has_events:
-            self.append_links(todo.events, snap.snapshot_id)  # type: ignore[arg-type]
+        if events is not None:
+            self.append_links(events, snap.snapshot_id)
         return IngestResult(
             name,
             counts["inserted"],
