@@ -110,6 +110,7 @@ class Planner:
         self._objects = objects
 
     def plan_plain(self, batch: pa.Table, tbl: Table) -> Plan:
+        """Jobs: no rule against the catalog."""
         return Plan(batch)
 
     def plan_clip_refs(self, batch: pa.Table, tbl: Table) -> Plan:
@@ -125,6 +126,7 @@ class Planner:
         return Plan(batch)
 
     def plan_asset_refs(self, batch: pa.Table, tbl: Table) -> Plan:
+        """Tombstones and asset events: the asset (and a related one) exists."""
         assets = self._cache.get("assets")
         for col in ("asset_id", "related_asset_id"):
             if col in batch.column_names:
@@ -138,6 +140,7 @@ class Planner:
         return Plan(batch)
 
     def plan_assets(self, batch: pa.Table, tbl: Table) -> Plan:
+        """Assets: dedup by id, the eval carve-out, near-duplicate links."""
         have = self._cache.get("assets", tbl)
         ids = batch["asset_id"]
         digests = rules.hex_prefix64(ids)
@@ -234,6 +237,8 @@ class Planner:
         )
 
     def plan_clips(self, batch: pa.Table, tbl: Table) -> Plan:
+        """Clips: ``clip_id`` is the rule's (computed when absent), then
+        :meth:`_plan_clip_rows`."""
         given = batch["clip_id"] if "clip_id" in batch.column_names else None
 
         def verify() -> pa.Array:
@@ -256,20 +261,20 @@ class Planner:
             return computed
 
         if given is None or given.null_count:
-            return self.plan_clip_rows(batch, tbl, verify())
+            return self._plan_clip_rows(batch, tbl, verify())
         # Every id is given: plan with them and re-derive every one while the data file
         # is written (the hashing is Python, the write releases the GIL). A wrong id
         # still rejects the batch, and its error comes first, as if checked first.
         ids = combined(given)
         try:
-            todo = self.plan_clip_rows(batch, tbl, ids)
+            todo = self._plan_clip_rows(batch, tbl, ids)
         except InvalidBatch:
             verify()
             raise
         todo.verify = verify
         return todo
 
-    def plan_clip_rows(self, batch: pa.Table, tbl: Table, ids: pa.Array) -> Plan:
+    def _plan_clip_rows(self, batch: pa.Table, tbl: Table, ids: pa.Array) -> Plan:
         """Clip rows with ``ids``: asset references, splits and duplicates."""
         assets = self._cache.get("assets")
         at = find_refs(assets, "asset_id", batch["asset_id"])
