@@ -34,7 +34,8 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.rules import clip_ids as make_clip_ids
 from materializer.recipe import load_recipe
 

@@ -48,9 +48,10 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.coerce import conform
+from catalog.config import CatalogConfig
 from catalog.rules import clip_ids
-from catalog.tables import conform
 
 FILTERS = ("aesthetic", "motion", "ocr")
 CLIPS_PER_ASSET = 20

@@ -56,7 +56,8 @@ def _hex(prefix: str, n: int, width: int) -> list[str]:
 
 def seed(home: Path, clips: int, steps: int, batch: int) -> dict[str, Any]:
     """Fill an embedded catalog and publish one snapshot over every train clip."""
-    from catalog.catalog import CatalogConfig, VidlakeCatalog
+    from catalog.catalog import VidlakeCatalog
+    from catalog.config import CatalogConfig
     from loader.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
     from manifests.registry import Registry, canonical_json
 

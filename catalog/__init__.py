@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING, Any
 from catalog.errors import VidlakeError
 
 if TYPE_CHECKING:
-    from catalog.catalog import CatalogConfig, IngestResult, Pin, VidlakeCatalog
+    from catalog.catalog import VidlakeCatalog
+    from catalog.config import CatalogConfig, IngestResult
+    from catalog.pins import Pin
 
 __all__ = ["CatalogConfig", "IngestResult", "Pin", "VidlakeCatalog", "VidlakeError"]
 
 _LAZY = {
-    "CatalogConfig": "catalog.catalog",
-    "IngestResult": "catalog.catalog",
-    "Pin": "catalog.catalog",
+    "CatalogConfig": "catalog.config",
+    "IngestResult": "catalog.config",
+    "Pin": "catalog.pins",
     "VidlakeCatalog": "catalog.catalog",
 }
 

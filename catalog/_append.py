@@ -6,7 +6,7 @@ partition through Acero, re-derives and re-checks the schema, and stages the sna
 in a ``Transaction`` whose ``table_metadata`` property deep-copies the whole table
 metadata (every snapshot so far) a dozen times per commit, so that a commit gets
 slower as the table ages. The catalog hands us batches already conformed to the table
-schema (:func:`catalog.tables.conform`), so this module does only what an append needs:
+schema (:func:`catalog.coerce.conform`), so this module does only what an append needs:
 
 1. split the batch by partition value (identity transforms: a sort-free
    ``group_by`` over the partition columns; one group is the usual case);

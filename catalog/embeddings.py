@@ -12,7 +12,7 @@ Two kinds of reads:
 * :meth:`EmbeddingIndex.pairs_within` answers "every pair within cosine distance d"
   for a set of clips, among themselves (semantic dedup) or against a split
   (decontamination against ``eval``). It is an exact, blocked numpy matrix product
-  (:func:`pairs_within_vectors`): the query vectors are cut into blocks of
+  (:func:`catalog.vectors.pairs_within_vectors`): the query vectors are cut into blocks of
   ``block`` rows and each block is multiplied with the candidate matrix, so memory
   stays at ``O(block^2)`` floats beyond the inputs while time is ``O(n * m * dim)``
   for ``n`` queries and ``m`` candidates (``O(n^2 * dim / 2)`` among themselves).
@@ -30,7 +30,7 @@ catalog :class:`~catalog.pins.Pin` records that number for each model a cut read
 (:func:`current_versions`), so a pinned re-cut reads the same vectors however many
 embeddings were added since. Each table records its model version in its schema
 metadata (``vidlake.model_version``), so :func:`list_models` can name the models a
-LanceDB directory holds.
+LanceDB directory holds. Erasing an asset's vectors is :mod:`catalog.erase.vectors`.
 """
 
 from __future__ import annotations
@@ -49,30 +49,22 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from catalog.errors import InvalidBatch, InvalidInput, NotFound, NotInstalled
+from catalog.table_names import EVAL_SPLIT, TRAIN_SPLIT
+from catalog.vectors import PAIRS_SCHEMA, pairs_within_vectors, unit_rows
 
 __all__ = [
     "SPLITS",
     "AddResult",
     "EmbeddingIndex",
-    "asset_vector_counts",
+    "connect_lance",
     "current_versions",
-    "erase_asset_vectors",
     "list_models",
-    "pairs_within_vectors",
     "table_name_for",
 ]
 
-SPLITS = ("train", "eval")
-PAIRS_SCHEMA = pa.schema(
-    [
-        pa.field("clip_id", pa.string(), nullable=False),
-        pa.field("other_id", pa.string(), nullable=False),
-        pa.field("distance", pa.float32(), nullable=False),
-    ]
-)
+SPLITS = (TRAIN_SPLIT, EVAL_SPLIT)
 MODEL_METADATA_KEY = b"vidlake.model_version"
 _IN_FILTER_MAX = 1024  # above this many ids a scan + is_in beats a giant SQL IN list
-_BLOCK = 2048
 
 
 @dataclass(frozen=True)
@@ -258,7 +250,7 @@ class EmbeddingIndex:
         table = self._open()
         if table is None:
             return _NEAREST_SCHEMA.empty_table()
-        query = _unit_rows(np.asarray(vector, dtype=np.float64).reshape(1, -1), "vector")[0]
+        query = unit_rows(np.asarray(vector, dtype=np.float64).reshape(1, -1), "vector")[0]
         if query.shape[0] != _dim_of(table):
             raise InvalidInput(
                 f"query has dimension {query.shape[0]}, table has {_dim_of(table)}", field="vector"
@@ -338,7 +330,7 @@ class EmbeddingIndex:
 
     def _connect(self) -> Any:
         if self._db is None:
-            self._db = _connect(self.uri)
+            self._db = connect_lance(self.uri)
         return self._db
 
     def _open(self, create_dim: int | None = None) -> Any:
@@ -374,59 +366,6 @@ class EmbeddingIndex:
         return pa.Table.from_batches(parts, schema=pa.schema([table.schema.field(c) for c in cols]))
 
 
-def asset_vector_counts(uri_or_dir: str | os.PathLike[str], asset_id: str) -> dict[str, int]:
-    """Rows of ``asset_id`` per embedding table (tables without any are left out)."""
-    db = _erasure_db(uri_or_dir, asset_id)
-    counts: dict[str, int] = {}
-    for name in db.table_names():
-        table = db.open_table(name)
-        if "asset_id" in table.schema.names:
-            n = int(table.count_rows(f"asset_id = '{asset_id}'"))
-            if n:
-                counts[name] = n
-    return counts
-
-
-def erase_asset_vectors(
-    uri_or_dir: str | os.PathLike[str], asset_id: str, tables: Sequence[str]
-) -> None:
-    """Delete ``asset_id``'s rows from ``tables`` and erase their old versions.
-
-    A LanceDB delete only writes a deletion file, and compaction rewrites a fragment
-    only once a tenth of it is deleted: the vectors would stay in the fragment files.
-    So each table is rewritten whole from its remaining rows (a new version of new
-    fragment files; ``O(table)`` work, the price of a guarantee LanceDB's API offers
-    no cheaper way to) and every version but the latest is cleaned up. Idempotent: a
-    rerun rewrites the same rows again.
-
-    A reader or writer holding an older version of such a table at that moment fails
-    (the version it reads is gone), and pins of older table versions no longer
-    resolve; an erasure's record says so. The table has no vector index to rebuild
-    (see the module docstring: reads are exact scans).
-    """
-    import warnings
-
-    db = _erasure_db(uri_or_dir, asset_id)
-    present = set(db.table_names())
-    for name in tables:
-        if name not in present:
-            continue
-        table = db.open_table(name)
-        table.delete(f"asset_id = '{asset_id}'")
-        rows = table.to_arrow()
-        db.create_table(name, rows, schema=rows.schema, mode="overwrite")
-        with warnings.catch_warnings():
-            # "removes every version except the latest": exactly the point here.
-            warnings.simplefilter("ignore", UserWarning)
-            db.open_table(name).optimize(cleanup_older_than=timedelta(0))
-
-
-def _erasure_db(uri_or_dir: str | os.PathLike[str], asset_id: str) -> Any:
-    if not re.fullmatch(r"[0-9a-f]{64}", asset_id):
-        raise InvalidInput(f"asset id must be 64 lowercase hex, got {asset_id!r}")
-    return EmbeddingIndex(uri_or_dir, "erasure")._connect()
-
-
 _NEAREST_SCHEMA = pa.schema(
     [
         pa.field("clip_id", pa.string(), nullable=False),
@@ -435,91 +374,6 @@ _NEAREST_SCHEMA = pa.schema(
         pa.field("distance", pa.float32(), nullable=False),
     ]
 )
-
-
-def pairs_within_vectors(
-    ids: Sequence[str],
-    vectors: NDArray[np.floating[Any]],
-    distance: float,
-    *,
-    other_ids: Sequence[str] | None = None,
-    other_vectors: NDArray[np.floating[Any]] | None = None,
-    block: int = _BLOCK,
-) -> pa.Table:
-    """Exact pairs within cosine ``distance`` by a blocked matrix product.
-
-    With no ``other_*``, pairs among ``ids`` (``i < j`` by position, each once);
-    otherwise pairs of each id with each other id (equal ids never pair). Vectors are
-    normalised here, so callers may pass raw embeddings.
-
-    Cost: ``n * m * dim`` multiply-adds (half that among themselves) and, beyond the
-    inputs, ``block x block`` float32 scratch. Output is ordered by the position of
-    ``clip_id`` in ``ids``, then by the position of ``other_id``.
-
-    Returns:
-        A table with :data:`PAIRS_SCHEMA`: ``clip_id``, ``other_id``, ``distance``.
-    """
-    if (
-        isinstance(distance, bool)
-        or not isinstance(distance, int | float)
-        or not 0 <= distance <= 2
-    ):
-        raise InvalidInput(
-            f"distance must be a cosine distance in [0, 2], got {distance!r}", field="distance"
-        )
-    self_join = other_ids is None
-    oid = list(ids) if other_ids is None else list(other_ids)
-    if not len(ids) or not len(oid):
-        return PAIRS_SCHEMA.empty_table()
-    q = _unit_rows(_rows(vectors, len(ids), "vectors"), "vectors")
-    o = q
-    if not self_join:
-        if other_vectors is None:
-            raise InvalidInput("other_ids needs other_vectors", field="other_vectors")
-        o = _unit_rows(_rows(other_vectors, len(oid), "other_vectors"), "other_vectors")
-        if o.shape[1] != q.shape[1]:
-            raise InvalidInput(f"dimension {o.shape[1]} != {q.shape[1]}", field="other_vectors")
-    qi_all: list[NDArray[np.int64]] = []
-    oj_all: list[NDArray[np.int64]] = []
-    d_all: list[NDArray[np.float32]] = []
-    ids_arr = np.asarray(list(ids), dtype=object)
-    oid_arr = np.asarray(oid, dtype=object)
-    # The threshold test runs on similarities in float32; widen it by a few ulps so a
-    # pair exactly at the threshold is not lost to rounding, then decide on distance.
-    min_sim = np.float32(1.0 - distance) - np.float32(1e-6)
-    for a in range(0, len(q), block):
-        qa = q[a : a + block]
-        start = a if self_join else 0
-        for b in range(start, len(o), block):
-            sims = qa @ o[b : b + block].T
-            hit = sims >= min_sim
-            if self_join and a == b:
-                hit &= np.triu(np.ones(hit.shape, dtype=bool), k=1)
-            r, c = np.nonzero(hit)
-            if not len(r):
-                continue
-            dist = np.clip(1.0 - sims[r, c].astype(np.float64), 0.0, 2.0)
-            ok = dist <= distance
-            r, c, dist = r[ok] + a, c[ok] + b, dist[ok]
-            if not self_join:
-                same = ids_arr[r] == oid_arr[c]
-                r, c, dist = r[~same], c[~same], dist[~same]
-            qi_all.append(r.astype(np.int64))
-            oj_all.append(c.astype(np.int64))
-            d_all.append(dist.astype(np.float32))
-    if not qi_all:
-        return PAIRS_SCHEMA.empty_table()
-    qi, oj, dd = np.concatenate(qi_all), np.concatenate(oj_all), np.concatenate(d_all)
-    order = np.lexsort((oj, qi))
-    qi, oj, dd = qi[order], oj[order], dd[order]
-    return pa.table(
-        {
-            "clip_id": pa.array(ids_arr[qi].tolist(), pa.string()),
-            "other_id": pa.array(oid_arr[oj].tolist(), pa.string()),
-            "distance": pa.array(dd, pa.float32()),
-        },
-        schema=PAIRS_SCHEMA,
-    )
 
 
 def _schema(dim: int, model_version: str | None = None) -> pa.Schema:
@@ -551,7 +405,8 @@ def _checkout(table: Any, model_version: str, version: int) -> None:
         ) from exc
 
 
-def _connect(uri: str) -> Any:
+def connect_lance(uri: str) -> Any:
+    """A LanceDB connection to ``uri`` whose reads see other processes' commits."""
     try:
         import lancedb
     except ImportError as exc:  # pragma: no cover - part of vidlake[service]
@@ -586,7 +441,7 @@ def list_models(uri_or_dir: str | os.PathLike[str]) -> list[str]:
     A table written before tables recorded their model (no ``vidlake.model_version``
     in its schema metadata) is listed by its table name.
     """
-    db = _connect(os.fspath(uri_or_dir))
+    db = connect_lance(os.fspath(uri_or_dir))
     models = []
     for name in _table_names(db):
         if not name.startswith("emb_"):
@@ -595,13 +450,6 @@ def list_models(uri_or_dir: str | os.PathLike[str]) -> list[str]:
         raw = metadata.get(MODEL_METADATA_KEY)
         models.append(raw.decode("utf-8") if raw else name)
     return sorted(models)
-
-
-def _rows(vectors: NDArray[np.floating[Any]], n: int, field: str) -> NDArray[np.float64]:
-    mat = np.asarray(vectors, dtype=np.float64)
-    if mat.ndim != 2 or mat.shape[0] != n:
-        raise InvalidInput(f"{field} must be an ({n}, dim) array, got {mat.shape}", field=field)
-    return mat
 
 
 def _dim_of(table: Any) -> int:
@@ -616,22 +464,6 @@ def _matrix(column: pa.ChunkedArray | pa.Array, dim: int) -> NDArray[np.float32]
     return np.asarray(arr.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(
         -1, dim
     )
-
-
-def _unit_rows(mat: NDArray[np.float64], field: str) -> NDArray[np.float32]:
-    if mat.ndim != 2 or (len(mat) and mat.shape[1] == 0):
-        raise InvalidBatch(f"{field} must be a non-empty (n, dim) array", row=0, field=field)
-    if not np.isfinite(mat).all():
-        row = int(np.nonzero(~np.isfinite(mat).all(axis=1))[0][0])
-        raise InvalidBatch(f"{field} row {row} is not finite", row=row, field=field)
-    norms = np.linalg.norm(mat, axis=1)
-    if len(norms) and (norms == 0).any():
-        row = int(np.nonzero(norms == 0)[0][0])
-        raise InvalidBatch(
-            f"{field} row {row} is a zero vector (no direction)", row=row, field=field
-        )
-    unit: NDArray[np.float32] = (mat / norms[:, None]).astype(np.float32)
-    return unit
 
 
 def _check_ids(ids: Sequence[str]) -> list[str]:
@@ -674,7 +506,7 @@ def _check_batch(
             raise InvalidBatch(
                 f"split at row {i} must be one of {SPLITS}, got {split!r}", row=i, field="split"
             )
-    return ids, assets, split_list, _unit_rows(mat.astype(np.float64), "vector")
+    return ids, assets, split_list, unit_rows(mat.astype(np.float64), "vector")
 
 
 def _split_filter(split: str) -> str:

@@ -22,7 +22,7 @@ the snapshots added since, like the key caches) and returns the recorded result,
 marked ``replayed``, without writing.
 
 **Canonical bytes.** ``batch_sha256`` hashes the batch *after* normalisation to the
-table schema (:func:`catalog.tables.coerce_batch`: every column of the table, cast to
+table schema (:func:`catalog.coerce.coerce_batch`: every column of the table, cast to
 its type, defaults filled, absent values null, the ingest timestamp left null where the
 producer gave none, so that a rerun a minute later has the same bytes), with columns
 sorted by name and chunks combined, written as one Arrow IPC stream (no compression,

@@ -31,8 +31,9 @@ from pyiceberg.table import Table
 
 from catalog import idempotency, rules
 from catalog._append import append as fast_append
+from catalog.coerce import conform
 from catalog.errors import Conflict, StorageError
-from catalog.tables import arrow_schema, conform
+from catalog.tables import arrow_schema
 
 __all__ = [
     "append_once",

@@ -265,7 +265,7 @@ def export_tar_shards(
     """
     if samples_per_shard < 1:
         raise InvalidInput("samples_per_shard must be >= 1", field="samples_per_shard")
-    from catalog.catalog import Pin
+    from catalog.pins import Pin
 
     report = progress or (lambda stage, fraction: None)
     record = registry.get(version)

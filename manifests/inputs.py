@@ -2,7 +2,7 @@
 
 A snapshot is a pure function of (recipe, resolved catalog pin, code version): the
 recipe's SHA-256 covers its seed and every rule; the pin's dict form names every table
-state (and whatever else :class:`catalog.catalog.Pin` pins, e.g. embedding versions);
+state (and whatever else :class:`catalog.pins.Pin` pins, e.g. embedding versions);
 the code version names the cutter. Two cuts with the same *inputs key* produce
 byte-identical artifacts, so a service asked for a cut whose key matches a published
 version can answer with that version instead of publishing a duplicate.

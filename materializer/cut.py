@@ -49,7 +49,8 @@ from materializer.select import Selection, check_pools, phase_mask, select
 from materializer.validate import check_recipe, resolve_pin
 
 if TYPE_CHECKING:
-    from catalog.catalog import Pin, VidlakeCatalog
+    from catalog.catalog import VidlakeCatalog
+    from catalog.pins import Pin
     from manifests.registry import Registry, SnapshotRecord
 
 __all__ = [

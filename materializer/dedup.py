@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from catalog.embeddings import pairs_within_vectors
+from catalog.vectors import pairs_within_vectors
 
 if TYPE_CHECKING:
     from catalog.embeddings import EmbeddingIndex

@@ -42,7 +42,9 @@ from materializer.dedup import Decontamination, decontaminate, semdedup
 from materializer.recipe import Recipe
 
 if TYPE_CHECKING:
-    from catalog.catalog import Pin, VidlakeCatalog
+    from catalog.catalog import VidlakeCatalog
+    from catalog.pins import Pin
+    from catalog.reads import RowFilter
 
 __all__ = [
     "Selection",
@@ -222,13 +224,13 @@ def _register_scans(
         "captions": ("caption_version", [recipe.captions.version]),
         "scores": ("filter_name", sorted(recipe.score_versions())),
     }
-    for i, (name, columns) in enumerate(_SCAN_COLUMNS.items()):
-        row_filter = None
-        if name in filters:
-            from pyiceberg.expressions import In
+    from catalog.reads import one_of
 
+    for i, (name, columns) in enumerate(_SCAN_COLUMNS.items()):
+        row_filter: RowFilter | None = None
+        if name in filters:
             col, values = filters[name]
-            row_filter = In(term=col, literals=tuple(values)) if values else None
+            row_filter = one_of(col, values) if values else None
         if name == "scores" and not recipe.score_versions():
             table = _empty(name, columns)
         else:

@@ -221,9 +221,9 @@ def _check_snapshots(
     if isinstance(recipe.catalog_pin, str):
         return
     for table, sid in pin.items():
-        if sid is None or catalog.iceberg_table(table).metadata.snapshot_by_id(sid):
+        if sid is None or catalog.has_snapshot(table, sid):
             continue
-        snaps = [s.snapshot_id for s in catalog.iceberg_table(table).metadata.snapshots]
+        snaps = catalog.snapshot_ids(table)
         problems.add(
             f"catalog_pin.{table}",
             f"{table} has no snapshot {sid} (expired?); it has {len(snaps)}",
@@ -327,10 +327,7 @@ def _check_coverage(
     excl = recipe.exclusions.eval_near_duplicates
     if excl is None or excl.embedding_model not in usable:
         return None
-    clips = catalog.scan(
-        "clips", pin, columns=["clip_id"], row_filter="split == 'eval'", include_eval=True
-    )
-    eval_ids = pc.unique(clips["clip_id"]).cast(pa.string())
+    eval_ids = pc.unique(catalog.eval_ids("clips", pin)).cast(pa.string())
     version = pin.embeddings.get(excl.embedding_model)
     have = catalog.embeddings(excl.embedding_model, version=version).clip_ids()
     # Hash the (small) eval set, not the table's ids; a table holds each clip once.

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from catalog import errors as _errors
 from catalog.errors import VidlakeError
+from catalog.table_names import INGEST_ORDER
 
 if TYPE_CHECKING:
     import httpx
@@ -42,18 +43,8 @@ __all__ = [
 #: ``progress(stage, fraction)`` of a job being waited for.
 Progress = Callable[[str, float], None]
 
-#: The catalog tables a batch may be ingested into (``catalog.tables.TABLES``; spelled
-#: out so that this module imports no pyiceberg; a test keeps the two equal).
-INGEST_TABLES = (
-    "assets",
-    "clips",
-    "latents",
-    "scores",
-    "captions",
-    "tombstones",
-    "asset_events",
-    "jobs",
-)
+#: The catalog tables a batch may be ingested into, in the order a producer fills them.
+INGEST_TABLES = INGEST_ORDER
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 _POLL_S = 0.25
 

@@ -31,7 +31,8 @@ from service.settings import Settings
 from service.sql import CatalogViews, Sandbox
 
 if TYPE_CHECKING:
-    from catalog.catalog import Pin, VidlakeCatalog
+    from catalog.catalog import VidlakeCatalog
+    from catalog.pins import Pin
     from manifests.registry import Registry, SnapshotRecord
     from materializer.recipe import Recipe
     from service.jobs import Progress

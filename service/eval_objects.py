@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from catalog.table_names import EvalKey, eval_key
+
 if TYPE_CHECKING:
     from service.sql import CatalogViews
 
@@ -35,7 +37,17 @@ __all__ = ["REFERENCES", "EvalObjects"]
 
 #: (table, object column): every catalog column that names a stored object.
 REFERENCES = (("latents", "object_sha256"), ("captions", "text_embedding_sha256"))
-_TABLES = ("clips", *(table for table, _ in REFERENCES))
+
+
+def _owner(table: str) -> EvalKey:
+    ek = eval_key(table)
+    assert ek is not None  # a table that names objects holds material
+    return ek
+
+
+#: Whose ``split`` decides each referencing table's rows (catalog.table_names' policy).
+_OWNERS = {table: _owner(table) for table, _ in REFERENCES}
+_TABLES = (*sorted({ek.owner for ek in _OWNERS.values()}), *(table for table, _ in REFERENCES))
 
 Key = tuple[int | None, ...]
 
@@ -73,16 +85,20 @@ class EvalObjects:
             return built
 
     def _build(self, pin: Mapping[str, int | None]) -> frozenset[str]:
-        eval_clips = self._views.eval_ids("clips", "clip_id", pin.get("clips"))
-        if len(eval_clips) == 0:
+        eval_ids = {
+            ek.owner: self._views.eval_ids(ek.owner, ek.key, pin.get(ek.owner))
+            for ek in _OWNERS.values()
+        }
+        if not any(len(ids) for ids in eval_ids.values()):
             return frozenset()
         shas, is_eval = [], []
         for table, column in REFERENCES:
+            ek = _OWNERS[table]
             refs = self._views.dataset(table, pin, include_eval=True).to_table(
-                columns=["clip_id", column], filter=pc.field(column).is_valid()
+                columns=[ek.key, column], filter=pc.field(column).is_valid()
             )
             shas.append(refs.column(column).combine_chunks().cast(pa.large_string()))
-            is_eval.append(pc.is_in(refs.column("clip_id"), value_set=eval_clips))
+            is_eval.append(pc.is_in(refs.column(ek.key), value_set=eval_ids[ek.owner]))
         sha = pa.concat_arrays(shas)
         evals = pa.concat_arrays([m.combine_chunks() for m in is_eval])
         in_eval = pc.unique(pc.filter(sha, evals))

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from service.settings import Settings
 
 if TYPE_CHECKING:
-    from catalog.catalog import CatalogConfig, VidlakeCatalog
+    from catalog.catalog import VidlakeCatalog
+    from catalog.config import CatalogConfig
     from catalog.objects import ObjectStore
     from manifests.registry import Registry
 
@@ -34,7 +35,7 @@ class Lake:
         return self.settings.home.resolve()
 
     def catalog_config(self) -> CatalogConfig:
-        from catalog.catalog import CatalogConfig
+        from catalog.config import CatalogConfig
 
         where = self.settings.resolved()
         return CatalogConfig(
@@ -50,8 +51,9 @@ class Lake:
                 if "eval_fraction" in self.settings.model_fields_set
                 else None
             ),
-            s3_endpoint_url=self.settings.s3_endpoint_url,
+            s3_endpoint_url=self.settings.s3_endpoint(),
             s3_path_style=self.settings.s3_path_style or None,
+            s3_region=self.settings.s3_region_name(),
         )
 
     @cached_property

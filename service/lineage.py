@@ -44,7 +44,7 @@ from manifests.registry import Registry, SnapshotRecord
 from service.sql import to_json_rows
 
 if TYPE_CHECKING:
-    from catalog.catalog import Pin
+    from catalog.pins import Pin
     from service.sql import CatalogViews
 
 __all__ = ["MAX_STEPS_PER_VERSION", "SnapshotReader", "clip_lineage", "step_samples"]
@@ -376,7 +376,7 @@ def _json_field(row: dict[str, Any], name: str) -> None:
 def _snapshot_pin(views: CatalogViews, record: SnapshotRecord, latest: Pin) -> Pin:
     """The catalog state ``record`` was cut from, or ``latest`` when that state is not
     readable here (a foreign or expired snapshot id)."""
-    from catalog.catalog import Pin
+    from catalog.pins import Pin
 
     ids = record.snapshot.get("catalog_snapshot_ids")
     if isinstance(ids, Mapping):

@@ -1,8 +1,9 @@
 """JSON Schemas of ingest rows, generated from the catalog's table definitions.
 
 One schema per table (``AssetsRow``, ``ClipsRow``, …, and ``EmbeddingsRow``), built
-from :data:`catalog.tables.TABLES`: the Iceberg field types (integer widths, numbers,
-booleans, ``date-time`` strings, lists), which fields are required (non-nullable,
+from :data:`catalog.tables.TABLES` in their Arrow form (pyiceberg stays inside
+``catalog``): the field types (integer widths, numbers, booleans, ``date-time``
+strings, lists), which fields are required (non-nullable,
 neither derived by the catalog nor filled with a default or the ingest time), their
 docs, and the row rules the catalog runs that JSON Schema can say — hex-id patterns
 (``_hex``), enums (``_one_of``), bounds (``_cmp``), non-empty strings (``_nonempty``),
@@ -20,19 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pyiceberg.types import (
-    BinaryType,
-    BooleanType,
-    DoubleType,
-    IcebergType,
-    IntegerType,
-    ListType,
-    LongType,
-    StringType,
-    TimestamptzType,
-)
+import pyarrow as pa
 
-from catalog.tables import PROBE_FIELDS, TABLES, TableDef
+from catalog.tables import PROBE_FIELDS, TABLES, TableDef, arrow_schema
 
 __all__ = ["EMBEDDING_ROW", "request_body", "row_schema_name", "row_schemas"]
 
@@ -47,22 +38,25 @@ def row_schema_name(table: str) -> str:
     return "".join(part.capitalize() for part in table.split("_")) + "Row"
 
 
-def _type_schema(typ: IcebergType) -> dict[str, Any]:
-    if isinstance(typ, StringType):
+def _type_schema(typ: pa.DataType) -> dict[str, Any]:
+    """The JSON Schema of a column of Arrow type ``typ`` (the catalog's Arrow form of
+    its Iceberg schema: :func:`catalog.tables.arrow_schema`)."""
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
         return {"type": "string"}
-    if isinstance(typ, TimestamptzType):
+    if pa.types.is_timestamp(typ) and typ.tz is not None:
         return {"type": "string", "format": "date-time"}
-    if isinstance(typ, IntegerType | LongType):
-        low, high = _INT32 if isinstance(typ, IntegerType) else _INT64
+    if pa.types.is_int32(typ) or pa.types.is_int64(typ):
+        low, high = _INT32 if pa.types.is_int32(typ) else _INT64
         return {"type": "integer", "minimum": low, "maximum": high}
-    if isinstance(typ, DoubleType):
+    if pa.types.is_float64(typ):
         return {"type": "number"}
-    if isinstance(typ, BooleanType):
+    if pa.types.is_boolean(typ):
         return {"type": "boolean"}
-    if isinstance(typ, BinaryType):  # a perceptual-hash sequence: 64-bit frame hashes
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+        # a perceptual-hash sequence: 64-bit frame hashes
         return {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 2**64 - 1}}
-    if isinstance(typ, ListType):
-        return {"type": "array", "items": _type_schema(typ.element_type)}
+    if pa.types.is_list(typ) or pa.types.is_large_list(typ):
+        return {"type": "array", "items": _type_schema(typ.value_type)}
     return {}
 
 
@@ -118,15 +112,16 @@ def _row_schema(tdef: TableDef) -> dict[str, Any]:
         rules.setdefault(name, {}).update(_rule(check))
     properties: dict[str, Any] = {}
     required: list[str] = []
-    for fld in tdef.schema.fields:
-        schema = {**_type_schema(fld.field_type), **rules.get(fld.name, {})}
+    for fld in arrow_schema(tdef.schema):
+        schema = {**_type_schema(fld.type), **rules.get(fld.name, {})}
         if "exclusiveMinimum" in schema:
             schema.pop("minimum", None)
         if schema.get("type") == "null":
             schema = {"type": "null"}
-        if fld.doc:
-            schema["description"] = fld.doc
-        if _required(tdef, fld.name, not fld.required):
+        doc = (fld.metadata or {}).get(b"doc")
+        if doc:
+            schema["description"] = doc.decode()
+        if _required(tdef, fld.name, fld.nullable):
             required.append(fld.name)
         else:
             schema = _nullable(schema)

@@ -38,8 +38,15 @@ class Settings(BaseSettings):
     lance: str | None = Field(None, description="LanceDB directory or URI for embeddings")
     namespace: str = "vidlake"
     eval_fraction: float = Field(0.02, ge=0.0, lt=1.0)
-    s3_endpoint_url: str | None = None
+    s3_endpoint_url: str | None = Field(
+        None, description="S3-compatible endpoint (default: AWS_ENDPOINT_URL, else AWS)"
+    )
     s3_path_style: bool = False
+    s3_region: str | None = Field(
+        None,
+        description="Region of an s3:// warehouse (default: AWS_REGION, AWS_DEFAULT_REGION; "
+        "us-east-1 with a custom endpoint)",
+    )
 
     # Service
     host: str = "127.0.0.1"
@@ -78,6 +85,16 @@ class Settings(BaseSettings):
             "lance": self.lance or str(home / "lance"),
             "cache_dir": str(self.cache_dir or home / "cache"),
         }
+
+    def s3_endpoint(self) -> str | None:
+        """The S3 endpoint: ``s3_endpoint_url``, else boto3's ``AWS_ENDPOINT_URL``."""
+        return self.s3_endpoint_url or os.environ.get("AWS_ENDPOINT_URL") or None
+
+    def s3_region_name(self) -> str | None:
+        """The warehouse bucket's region: ``s3_region``, else ``AWS_REGION`` or
+        ``AWS_DEFAULT_REGION`` (the catalog itself reads no environment)."""
+        env = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        return self.s3_region or env or None
 
     @classmethod
     def settings_customise_sources(

@@ -234,7 +234,7 @@ def repoint(rows: pa.Table, packs: Mapping[str, Any]) -> pa.Table:
 def _vector_tables(catalog: VidlakeCatalog, asset_id: str, eid: str) -> dict[str, int]:
     """The LanceDB tables that hold the asset's vectors (rows per table), recorded
     create-only before anything is deleted, so that every rerun sees the same set."""
-    from catalog.embeddings import asset_vector_counts
+    from catalog.erase.vectors import asset_vector_counts
 
     key = record_key(eid, "vectors.json")
     found = get_record(catalog.objects, key)
@@ -269,7 +269,7 @@ def _expiring_embedding_versions(
 
 def _erase_vectors(catalog: VidlakeCatalog, asset_id: str, eid: str) -> dict[str, int]:
     """Delete the asset's vectors from the tables that hold them, and clean them up."""
-    from catalog.embeddings import erase_asset_vectors
+    from catalog.erase.vectors import erase_asset_vectors
 
     tables = _vector_tables(catalog, asset_id, eid)
     erase_asset_vectors(catalog.config.lance, asset_id, sorted(tables))

@@ -64,10 +64,10 @@ from pyiceberg.table.update import (
 )
 
 from catalog._append import _key, _write_data_file
+from catalog.coerce import conform
 from catalog.erase.records import attempt_keys, get_record, put_once, record_key
 from catalog.errors import Conflict, StorageError
 from catalog.objects.base import ObjectStore
-from catalog.tables import conform
 
 __all__ = ["TableErasure", "erase_rows"]
 

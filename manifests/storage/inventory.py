@@ -236,13 +236,12 @@ def _catalog_header(catalog: VidlakeCatalog, entries: list[InventoryEntry]) -> d
     lance = _local_dir(config.lance, "lance")
     tables: dict[str, str] = {}
     for name in TABLE_NAMES:
-        tbl = catalog.iceberg_table(name)
-        tables[name] = tbl.metadata_location
-        table_dir = _local_dir(tbl.metadata.location, f"table {name}")
+        tables[name], location = catalog.locations(name)
+        table_dir = _local_dir(location, f"table {name}")
         entries.extend(_tree("warehouse", table_dir, warehouse))
     if lance.is_dir():
         entries.extend(_tree("lance", lance, lance))
-    props = dict(catalog.iceberg.load_namespace_properties(config.namespace))
+    props = catalog.namespace_properties()
     return {
         "vidlake_inventory": 1,
         "namespace": config.namespace,

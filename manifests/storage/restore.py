@@ -10,7 +10,7 @@ Given the local pointer written by :func:`manifests.storage.seal.seal`, :func:`r
 3. checks the registry keys in the bucket against the spec (recreating a missing one
    from its content-addressed copy) and that every ``snapshot.json`` is stored;
 4. creates ``DIR/catalog.db`` with the namespace's frozen properties and registers each
-   table from a copy of its metadata JSON that adds the :mod:`remap` properties (the
+   table from a copy of its metadata JSON that adds the :mod:`catalog.fileio` properties (the
    Avro files and data files are the originals, byte for byte);
 5. writes ``DIR/vidlake.json``, a settings file whose object store is the bucket.
 
@@ -29,10 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from catalog.errors import ChecksumMismatch, InvalidInput, NotFound
+from catalog.fileio import IO_IMPL, REMAP_FROM, REMAP_TO
 from catalog.hashing import sha256_bytes, sha256_file
 from catalog.objects.s3 import S3ObjectStore
 from manifests.registry import canonical_json
-from manifests.storage.remap import IO_IMPL, REMAP_FROM, REMAP_TO
 from manifests.storage.seal import write_json_atomic
 
 __all__ = [
@@ -170,7 +170,9 @@ def _restore_registry(store: S3ObjectStore, spec: dict[str, Any]) -> None:
 
 
 def _register_tables(out: Path, spec: dict[str, Any], store: S3ObjectStore) -> Any:
-    from catalog.catalog import CatalogConfig, VidlakeCatalog, _connect
+    from catalog.backends import connect
+    from catalog.catalog import VidlakeCatalog
+    from catalog.config import CatalogConfig
 
     props = spec["namespace_properties"]
     config = CatalogConfig.embedded(
@@ -182,7 +184,7 @@ def _register_tables(out: Path, spec: dict[str, Any], store: S3ObjectStore) -> A
     )
     old_root = spec["source_warehouse"].rstrip("/")
     new_root = (out / "warehouse").as_uri()
-    iceberg = _connect(config)
+    iceberg = connect(config)
     iceberg.create_namespace(spec["namespace"], props)
     for table, t in sorted(spec["tables"].items()):
         rel = _safe_rel(t["name"])

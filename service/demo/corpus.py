@@ -59,7 +59,8 @@ from catalog.hashing import sha256_bytes
 from catalog.rules import eval_mask
 
 if TYPE_CHECKING:
-    from catalog.catalog import IngestResult, VidlakeCatalog
+    from catalog.catalog import VidlakeCatalog
+    from catalog.config import IngestResult
     from catalog.objects import PutResult
 
 

@@ -51,11 +51,7 @@ def _catalog_counts(services: Services) -> tuple[list[tuple[str, int]], str | No
 
     try:
         catalog = services.catalog
-        counts = []
-        for name in TABLE_NAMES:
-            snap = catalog.iceberg_table(name).current_snapshot()
-            total = snap.summary.get("total-records") if snap and snap.summary else None
-            counts.append((name, int(total or 0)))
+        counts = [(name, catalog.row_count(name)) for name in TABLE_NAMES]
         return counts, None
     except VidlakeError as exc:
         return [], f"catalog unavailable: {exc.message}"

@@ -27,6 +27,7 @@ from fastapi.concurrency import run_in_threadpool
 from numpy.typing import NDArray
 
 from catalog.errors import InvalidBatch
+from catalog.table_names import INGEST_ORDER
 from catalog.tables import TABLES, arrow_schema
 from service.bodies import (
     ARROW_STREAM,
@@ -47,16 +48,10 @@ _EMBEDDING_COLUMNS = 5
 
 router = APIRouter(prefix="/v1", tags=["ingest"])
 
-#: path -> (catalog table, catalog method)
+#: path -> (catalog table, catalog method), for every table (``asset_events`` at
+#: ``asset-events``), in ingest order.
 _TABLES: dict[str, tuple[str, str]] = {
-    "assets": ("assets", "add_assets"),
-    "clips": ("clips", "add_clips"),
-    "latents": ("latents", "add_latents"),
-    "scores": ("scores", "add_scores"),
-    "captions": ("captions", "add_captions"),
-    "tombstones": ("tombstones", "add_tombstones"),
-    "asset-events": ("asset_events", "add_asset_events"),
-    "jobs": ("jobs", "add_jobs"),
+    name.replace("_", "-"): (name, f"add_{name}") for name in INGEST_ORDER
 }
 _KEY_DOC = (
     "Names the batch (1-200 printable ASCII characters): a rerun with a recorded key "

@@ -74,7 +74,7 @@ async def run_cancellable(request: Request, work: Callable[[threading.Event], T]
 
 
 def _pin(services: Services, body: SqlRequest) -> Any:
-    from catalog.catalog import Pin
+    from catalog.pins import Pin
 
     catalog = services.catalog
     if body.snapshot is not None:
@@ -87,7 +87,7 @@ def _pin(services: Services, body: SqlRequest) -> Any:
     else:
         pin = Pin.from_dict(body.pin)
     for table, sid in pin.items():
-        if sid is not None and catalog.iceberg_table(table).metadata.snapshot_by_id(sid) is None:
+        if sid is not None and not catalog.has_snapshot(table, sid):
             raise NotFound(f"{table} has no snapshot {sid}", table=table, snapshot_id=sid)
     return pin
 

@@ -35,22 +35,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from numpy.typing import NDArray
 
-from catalog.errors import NotFound
+from catalog.table_names import SPLIT_COLUMN, TABLE_NAMES, TRAIN_SPLIT, eval_key
 
 __all__ = ["CATALOG_VIEWS", "CatalogViews", "Source", "View"]
 
-CATALOG_VIEWS = (
-    "assets",
-    "asset_events",
-    "tombstones",
-    "clips",
-    "latents",
-    "scores",
-    "captions",
-    "jobs",
-)
-_CLIP_KEYED = ("latents", "scores", "captions")
-_ASSET_KEYED = ("tombstones", "asset_events")
+#: Every catalog table is a view of its name (the table definitions' names).
+CATALOG_VIEWS = TABLE_NAMES
 _CACHE_ENTRIES = 128
 _INDEX_BYTES = 512 * 1024 * 1024  # key indexes kept in memory, LRU beyond
 
@@ -161,17 +151,15 @@ class CatalogViews:
         return self.view(table, pin, include_eval).dataset()
 
     def eval_filter(self, table: str, pin: Mapping[str, int | None]) -> pc.Expression | None:
-        """The filter that keeps the train rows of ``table`` (None for ``jobs``)."""
-        if table in ("assets", "clips"):
-            # ``split`` is decided per asset at ingest and copied to its clips.
-            return pc.field("split") == "train"
-        if table in _CLIP_KEYED:
-            return self.clip_filter(pin)
-        if table in _ASSET_KEYED:
-            return _not_in("asset_id", self.eval_asset_ids(pin))
-        if table == "jobs":
+        """The filter that keeps the train rows of ``table`` (None for a table without
+        eval material), by the one eval policy of :mod:`catalog.table_names`."""
+        ek = eval_key(table)
+        if ek is None:
             return None
-        raise NotFound(f"no catalog view {table!r}", table=table)
+        if ek.carries_split(table):
+            # ``split`` is decided per asset at ingest and copied to its clips.
+            return pc.field(SPLIT_COLUMN) == TRAIN_SPLIT
+        return _not_in(ek.key, self.owner_eval_ids(ek.owner, ek.key, pin))
 
     def clip_filter(self, pin: Mapping[str, int | None]) -> pc.Expression:
         """Keeps the rows of any table with a ``clip_id`` whose clip is not eval."""
@@ -181,13 +169,17 @@ class CatalogViews:
     def eval_clip_ids(self, pin: Mapping[str, int | None]) -> pa.Array:
         """Every eval clip id any row at ``pin`` can reference (see the module
         docstring), at the pinned and at the current ``clips`` snapshot."""
-        sids = {pin.get("clips"), self._current("clips")}
-        return _union(*(self.eval_ids("clips", "clip_id", sid) for sid in sids))
+        return self.owner_eval_ids("clips", "clip_id", pin)
 
     def eval_asset_ids(self, pin: Mapping[str, int | None]) -> pa.Array:
         """Every eval asset id, at the pinned and at the current ``assets`` snapshot."""
-        sids = {pin.get("assets"), self._current("assets")}
-        return _union(*(self.eval_ids("assets", "asset_id", sid) for sid in sids))
+        return self.owner_eval_ids("assets", "asset_id", pin)
+
+    def owner_eval_ids(self, owner: str, key: str, pin: Mapping[str, int | None]) -> pa.Array:
+        """Every eval id (``key``) of ``owner`` (a table carrying ``split``), at the
+        pinned and at the current snapshot of ``owner``."""
+        sids = {pin.get(owner), self.catalog.current_snapshot_id(owner)}
+        return _union(*(self.eval_ids(owner, key, sid) for sid in sids))
 
     def eval_ids(self, table: str, key: str, sid: int | None) -> pa.Array:
         """Ids (``key``) of the eval rows of ``table`` (assets or clips) at ``sid``.
@@ -197,18 +189,15 @@ class CatalogViews:
             hit = self._eval.get((table, sid))
         if hit is not None:
             return hit
-        got = self._raw(table, sid).to_table(columns=[key], filter=pc.field("split") != "train")
+        got = self._raw(table, sid).to_table(
+            columns=[key], filter=pc.field(SPLIT_COLUMN) != TRAIN_SPLIT
+        )
         ids = pc.unique(got.column(key).combine_chunks())
         with self._lock:
             self._eval[(table, sid)] = ids
             while len(self._eval) > _CACHE_ENTRIES:
                 self._eval.popitem(last=False)
         return ids
-
-    def _current(self, table: str) -> int | None:
-        """``table``'s current snapshot id, from freshly loaded metadata."""
-        snap = self.catalog.iceberg_table(table).current_snapshot()
-        return None if snap is None else int(snap.snapshot_id)
 
     # -- reads for the service's own use (eval rows included) -----------------------
     def read(
@@ -279,25 +268,4 @@ class CatalogViews:
         return made
 
     def _files_dataset(self, table: str, sid: int | None) -> ds.Dataset:
-        from catalog.tables import arrow_schema
-
-        tbl = self.catalog.iceberg_table(table)
-        if sid is None:
-            return ds.dataset(arrow_schema(tbl.schema()).empty_table())
-        if tbl.metadata.snapshot_by_id(sid) is None:
-            raise NotFound(f"{table} has no snapshot {sid}", table=table, snapshot_id=sid)
-        io = tbl.io
-        tasks = list(tbl.scan(snapshot_id=sid).plan_files())
-        fs_by_scheme = getattr(io, "fs_by_scheme", None)
-        if fs_by_scheme is None or any(t.delete_files for t in tasks) or not tasks:
-            # Not a pyarrow FileIO (or deletes to apply): let pyiceberg read it.
-            from catalog.catalog import Pin
-
-            pin = Pin({table: sid})
-            return ds.dataset(self.catalog.scan(table, pin, include_eval=True))
-        locations = [io.parse_location(t.file.file_path, io.properties) for t in tasks]
-        scheme, netloc = locations[0][0], locations[0][1]
-        filesystem = fs_by_scheme(scheme, netloc)
-        return ds.dataset(
-            [path for _, _, path in locations], format="parquet", filesystem=filesystem
-        )
+        return self.catalog.snapshot_dataset(table, sid)  # type: ignore[no-any-return]

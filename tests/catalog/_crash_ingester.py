@@ -13,7 +13,9 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.commit import Ingester
+from catalog.config import CatalogConfig
 from catalog.rules import clip_id
 
 APPEND_TABLES = ("scores", "captions", "jobs", "tombstones", "asset_events")
@@ -115,14 +117,14 @@ def run(mode: str, root: str, first: int, rounds: int, conn: Connection) -> None
     """Ingest rounds ``first..rounds-1`` (a rerun replays what a killed run committed)."""
     cat = VidlakeCatalog.open(CatalogConfig.embedded(root, eval_fraction=0.0))
     if mode == "assets":
-        real = VidlakeCatalog._append_links
+        real = Ingester.append_links
 
-        def slow_links(self: VidlakeCatalog, events: Any, sid: int) -> None:
+        def slow_links(self: Ingester, events: Any, sid: int) -> None:
             conn.send(("between", sid))
             time.sleep(0.05)
             real(self, events, sid)
 
-        VidlakeCatalog._append_links = slow_links  # type: ignore[method-assign]
+        Ingester.append_links = slow_links  # type: ignore[method-assign]
     conn.send(("ready",))
     for r in range(first, rounds):
         if mode == "assets":

@@ -20,7 +20,8 @@ from pathlib import Path
 # What the child needs, imported before any thread exists (fork safety). Not lancedb:
 # importing it starts an async runtime that a forked child may deadlock on, so each
 # child imports it afresh (catalog.embeddings does so lazily).
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.erase import erase_asset
 from manifests.erasure import erase_versions
 from manifests.registry import Registry

@@ -16,9 +16,11 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.expressions import EqualTo
 
 from catalog import _append, rules
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.coerce import coerce_batch, conform
+from catalog.config import CatalogConfig
 from catalog.errors import InvalidBatch
-from catalog.tables import TABLES, coerce_batch, conform
+from catalog.tables import TABLES
 
 
 def _assets(n: int) -> pa.Table:

@@ -19,8 +19,10 @@ import pyarrow.compute as pc
 import pytest
 
 from catalog import rules
-from catalog.catalog import CatalogConfig, Pin, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.errors import Conflict, InvalidBatch, InvalidInput
+from catalog.pins import Pin
 from catalog.tables import TABLE_NAMES, TABLES
 from tests.catalog._latents import npy_bytes, safetensors_bytes
 

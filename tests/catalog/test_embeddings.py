@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from catalog import embeddings as emb
-from catalog.embeddings import EmbeddingIndex, pairs_within_vectors, table_name_for
+from catalog.embeddings import EmbeddingIndex, table_name_for
 from catalog.errors import InvalidBatch, InvalidInput
+from catalog.vectors import pairs_within_vectors
 
 DIM = 16
 

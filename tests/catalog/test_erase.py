@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.erase import erase_asset, erasure_id, get_erasure
 from catalog.errors import InvalidInput, NotFound
 from manifests.erasure import erase_versions
@@ -292,7 +293,7 @@ def test_the_loader_skips_exactly_the_erased_rows_and_counts_them(
 
 def test_a_pin_the_erasure_expired_fails_naming_the_erasure(lake: Lake) -> None:
     lake.erase()  # idempotent: these tests also run alone
-    from catalog.catalog import Pin
+    from catalog.pins import Pin
 
     record = lake.registry.get(lake.version)
     pins = record.erasures[-1].expired_pins

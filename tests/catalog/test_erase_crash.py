@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.erase import erasure_id, get_erasure
 from tests.catalog.test_erase import NO_HITS, Lake, lake_hits
 

@@ -23,7 +23,8 @@ from typing import Any
 import pyarrow.compute as pc
 import pytest
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from tests.catalog import _crash_ingester as child
 
 pytestmark = pytest.mark.slow

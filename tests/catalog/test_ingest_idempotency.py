@@ -11,11 +11,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-import catalog.catalog as catalog_module
+import catalog.commit as commit_module
 from catalog import idempotency
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.coerce import coerce_batch
+from catalog.commit import Ingester
+from catalog.config import CatalogConfig
 from catalog.errors import InvalidInput
-from catalog.tables import TABLES, coerce_batch
+from catalog.tables import TABLES
 from tests.catalog.test_catalog import asset, cid, clip, fingerprint, flip, train_ids
 
 
@@ -101,7 +104,7 @@ def test_canonical_bytes_ignore_column_order_and_input_form(cat: VidlakeCatalog)
 def test_a_lost_commit_race_rechecks_the_key(cat: VidlakeCatalog) -> None:
     """Two writers with one key: the loser's retry finds the winner's commit."""
     other = VidlakeCatalog.open(cat.config)
-    real = catalog_module.fast_append
+    real = commit_module.fast_append
     raced: list[Any] = []
     calls: list[str] = []
 
@@ -112,10 +115,10 @@ def test_a_lost_commit_race_rechecks_the_key(cat: VidlakeCatalog) -> None:
         real(*args, **kw)
 
     try:
-        catalog_module.fast_append = append_after_the_other  # type: ignore[assignment]
+        commit_module.fast_append = append_after_the_other  # type: ignore[assignment]
         mine = cat.add_scores(_scores(cat), idempotency_key="same")
     finally:
-        catalog_module.fast_append = real
+        commit_module.fast_append = real
         other.close()
     assert raced[0].inserted == 4 and not raced[0].replayed
     assert mine.replayed and mine.snapshot_id == raced[0].snapshot_id
@@ -178,12 +181,12 @@ def test_events_lost_between_the_two_commits_are_rederived(tmp_path: Path) -> No
             tmp_path / "crashed", eval_salt=ref.eval_salt, eval_fraction=ref.eval_fraction
         )
     ) as cat:
-        real = VidlakeCatalog._append_links
+        real = Ingester.append_links
         try:  # the writer dies after the assets commit, before the events commit
-            VidlakeCatalog._append_links = lambda self, events, sid: None  # type: ignore[method-assign,assignment]
+            Ingester.append_links = lambda self, events, sid: None  # type: ignore[method-assign,assignment]
             assert cat.add_assets(batch).near_duplicates == 4
         finally:
-            VidlakeCatalog._append_links = real  # type: ignore[method-assign]
+            Ingester.append_links = real  # type: ignore[method-assign]
         assert _links(cat) == []
         again = cat.add_assets(batch)
         assert again.replayed and again.near_duplicates == 4
@@ -194,12 +197,12 @@ def test_events_lost_between_the_two_commits_are_rederived(tmp_path: Path) -> No
 def test_any_later_add_assets_repairs_lost_events(tmp_path: Path) -> None:
     with VidlakeCatalog.open(CatalogConfig.embedded(tmp_path)) as cat:
         batch = _near_dup_batch(cat, 2000)
-        real = VidlakeCatalog._append_links
+        real = Ingester.append_links
         try:
-            VidlakeCatalog._append_links = lambda self, events, sid: None  # type: ignore[method-assign,assignment]
+            Ingester.append_links = lambda self, events, sid: None  # type: ignore[method-assign,assignment]
             cat.add_assets(batch)
         finally:
-            VidlakeCatalog._append_links = real  # type: ignore[method-assign]
+            Ingester.append_links = real  # type: ignore[method-assign]
     # Another process, another batch: it finds the assets commit without its events.
     with VidlakeCatalog.open(CatalogConfig.embedded(tmp_path)) as cat:
         cat.add_assets(_near_dup_batch(cat, 3000))

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.errors import InvalidBatch
 from catalog.latent_headers import HeaderError, canonical_dtype, parse_header
 from tests.catalog._latents import npy_bytes, safetensors_bytes

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from catalog.catalog import Pin as ReExported
+from catalog import Pin as ReExported
 from catalog.errors import InvalidInput
 from catalog.pins import Pin, embedding_key, split_pin_keys
 from catalog.tables import TABLE_NAMES

@@ -10,7 +10,8 @@ import pyarrow.compute as pc
 from pyiceberg.types import DoubleType, StringType
 
 from catalog import rules
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 
 
 def _clip(asset_id: str, k: int, **extra: Any) -> dict[str, Any]:

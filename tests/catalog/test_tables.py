@@ -1,4 +1,4 @@
-"""Batch coercion of producer tables (:func:`catalog.tables.coerce_batch`)."""
+"""Batch coercion of producer tables (:func:`catalog.coerce.coerce_batch`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import hashlib
 import pyarrow as pa
 import pytest
 
+from catalog.coerce import coerce_batch
 from catalog.errors import InvalidBatch
-from catalog.tables import TABLES, coerce_batch
+from catalog.tables import TABLES
 
 ASSET_ID = hashlib.sha256(b"tables").hexdigest()
 

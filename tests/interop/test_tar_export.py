@@ -11,7 +11,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.errors import ChecksumMismatch, Conflict
 from interop.tar_export import export_tar_shards
 from interop.tar_import import import_tar_shards, verify_shards

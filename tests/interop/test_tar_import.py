@@ -13,7 +13,8 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput, NotFound
 from catalog.objects.refs import ObjectRef, RefStore, get_ref, list_failed, put_ref
 from interop.sources import RangeSource

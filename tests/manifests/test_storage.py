@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.errors import ChecksumMismatch, InvalidInput
 from catalog.objects.s3 import S3ObjectStore
 from manifests.registry import Registry

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.errors import InvalidInput, InvalidRecipe
 from loader.format import SNAPSHOT_REQUIRED_KEYS
 from manifests.registry import Registry
@@ -162,7 +163,8 @@ def test_same_recipe_same_pin_gives_byte_identical_artifacts_across_processes(
     # A fresh interpreter (other hash seeds, other import order) agrees.
     script = (
         "import hashlib, json, sys\nfrom pathlib import Path\n"
-        "from catalog.catalog import CatalogConfig, VidlakeCatalog\n"
+        "from catalog.catalog import VidlakeCatalog\n"
+        "from catalog.config import CatalogConfig\n"
         "from materializer.cut import build_artifacts\n"
         "from materializer.recipe import load_recipe\n"
         "config = CatalogConfig.model_validate_json(Path(sys.argv[1], 'config.json').read_text())\n"
@@ -320,7 +322,8 @@ def test_four_processes_cutting_at_once_get_distinct_versions_or_a_conflict(
     _, root = lake
     script = (
         "import json, sys\nfrom pathlib import Path\n"
-        "from catalog.catalog import CatalogConfig, VidlakeCatalog\n"
+        "from catalog.catalog import VidlakeCatalog\n"
+        "from catalog.config import CatalogConfig\n"
         "from catalog.errors import Conflict\n"
         "from catalog.objects import open_store\n"
         "from manifests.registry import Registry\n"

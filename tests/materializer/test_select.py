@@ -8,7 +8,8 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.synthetic import generate_corpus
 from materializer.recipe import Recipe, load_recipe
 from materializer.select import select

@@ -25,7 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from loader.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
 from manifests.registry import Registry, SnapshotRecord, canonical_json
 from service.auth import hash_token

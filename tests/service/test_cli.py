@@ -30,7 +30,8 @@ def _vidlake(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from catalog.catalog import CatalogConfig, VidlakeCatalog
+    from catalog.catalog import VidlakeCatalog
+    from catalog.config import CatalogConfig
     from service.demo.corpus import generate_corpus
 
     root = tmp_path_factory.mktemp("home")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from catalog.catalog import CatalogConfig
+from catalog.config import CatalogConfig
 from catalog.erase import erasure_id
 from tests.catalog.test_erase import Lake, _markers, scan_files
 from tests.service.test_cli import _vidlake

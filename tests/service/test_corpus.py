@@ -16,7 +16,8 @@ import pyarrow.compute as pc
 import pytest
 from safetensors.torch import load as st_load
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.embeddings import EmbeddingIndex
 from catalog.errors import Conflict, InvalidInput
 from catalog.hashing import sha256_bytes

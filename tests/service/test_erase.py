@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from catalog.catalog import CatalogConfig
+from catalog.config import CatalogConfig
 from catalog.erase import erasure_id
 from service.app import create_app
 from service.settings import Settings

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from catalog.catalog import CatalogConfig, VidlakeCatalog
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
 from catalog.errors import StorageError
 from service.app import create_app
 from service.settings import Settings

@@ -119,10 +119,7 @@ def history(tmp_path_factory: pytest.TempPathFactory) -> History:
     world = build_world(tmp_path_factory.mktemp("eval-world"), snapshots=1)
     version_pin = dict(world.registry.get(1).snapshot["catalog_snapshot_ids"])
     _extend(world)
-    snapshots = {
-        t: [s.snapshot_id for s in world.catalog.iceberg_table(t).metadata.snapshots]
-        for t in TABLE_NAMES
-    }
+    snapshots = {t: world.catalog.snapshot_ids(t) for t in TABLE_NAMES}
     return History(
         world,
         set(world.eval_assets),

@@ -1,0 +1,381 @@
+"""The per-table ingest planners: what one batch adds, checked against the catalog.
+
+A planner takes a coerced batch (:func:`catalog.coerce.coerce_batch`) and the table it
+goes to, checks it against the catalog's keys (:mod:`catalog.keycache`), and returns a
+:class:`Plan`: the rows to append, the counts of the result, and for assets the
+near-duplicate events of a second commit. A bad row raises
+:class:`~catalog.errors.InvalidBatch` naming the row and the field; a planner never
+writes. :mod:`catalog.commit` runs them (again after a lost commit race).
+
+=============== ===================================================================
+table           rule
+=============== ===================================================================
+assets          dedup by id, eval carve-out, near-duplicate links (:mod:`catalog.rules`)
+clips           the asset exists, ``split`` is the asset's, ``clip_id`` is the rule's
+latents         the clip exists; objects, ranges and headers checked once per batch
+scores,captions the clip exists
+tombstones,     the asset (and ``related_asset_id``) exists
+asset_events
+jobs            none
+=============== ===================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numpy.typing import NDArray
+from pyiceberg.table import Table
+
+from catalog import link_events, rules
+from catalog.errors import InvalidBatch
+from catalog.keycache import (
+    Cached,
+    KeyCache,
+    combined,
+    find_ids,
+    find_refs,
+    first_occurrence,
+    latent_key,
+    to_numpy,
+)
+from catalog.latent_headers import check_latent_headers, member_hashes, member_ranges
+from catalog.objects import ObjectStore
+from catalog.objects.refs import resolve_head
+
+__all__ = ["Plan", "Planner", "first_bad"]
+
+_HEAD_WORKERS = 16
+
+
+@dataclass
+class Plan:
+    """What one batch adds: rows, counts, and the events of a second commit."""
+
+    rows: pa.Table
+    duplicates: int = 0
+    eval: int = 0
+    near_duplicates: int = 0
+    events: pa.Table | None = None
+    #: A check run while the rows are written, before the commit (CPU-bound Python:
+    #: the Parquet write releases the GIL, so the two overlap).
+    verify: Callable[[], object] | None = None
+
+    def counts(self, inserted: int) -> dict[str, int]:
+        """The result's counts when ``inserted`` rows commit."""
+        return {
+            "inserted": inserted,
+            "duplicates": self.duplicates,
+            "eval": self.eval,
+            "near_duplicates": self.near_duplicates,
+        }
+
+
+def first_bad(mask: pa.ChunkedArray | pa.Array | NDArray[np.bool_]) -> int | None:
+    """Index of the first False in a good-row mask (null counts as bad), or None."""
+    good = mask if isinstance(mask, np.ndarray) else to_numpy(pc.fill_null(mask, False))
+    bad = np.flatnonzero(~good.astype(np.bool_))
+    return int(bad[0]) if len(bad) else None
+
+
+class Planner:
+    """The planners of one catalog.
+
+    Args:
+        cache: The catalog's key cache.
+        rule: The near-duplicate rule.
+        eval_fraction: The frozen eval carve-out fraction.
+        eval_salt: The frozen eval carve-out salt.
+        objects: The object store latents live in (opened on first use).
+    """
+
+    def __init__(
+        self,
+        cache: KeyCache,
+        rule: rules.NearDupRule,
+        eval_fraction: float,
+        eval_salt: str,
+        objects: Callable[[], ObjectStore],
+    ) -> None:
+        self._cache = cache
+        self._rule = rule
+        self._eval_fraction = eval_fraction
+        self._eval_salt = eval_salt
+        self._objects = objects
+
+    def plan_plain(self, batch: pa.Table, tbl: Table) -> Plan:
+        """Jobs: no rule against the catalog."""
+        return Plan(batch)
+
+    def plan_clip_refs(self, batch: pa.Table, tbl: Table) -> Plan:
+        """Scores and captions: every row's clip exists."""
+        # A clip has a few scores or captions at most: no dictionary (it costs more).
+        at = find_ids(self._cache.get("clips"), "clip_id", batch["clip_id"])
+        if (row := first_bad(at >= 0)) is not None:
+            raise InvalidBatch(
+                f"row {row}, field 'clip_id': unknown clip {batch['clip_id'][row]}",
+                row=row,
+                field="clip_id",
+            )
+        return Plan(batch)
+
+    def plan_asset_refs(self, batch: pa.Table, tbl: Table) -> Plan:
+        """Tombstones and asset events: the asset (and a related one) exists."""
+        assets = self._cache.get("assets")
+        for col in ("asset_id", "related_asset_id"):
+            if col in batch.column_names:
+                known = to_numpy(pc.is_null(batch[col])) | (
+                    find_ids(assets, "asset_id", batch[col]) >= 0
+                )
+                if (row := first_bad(known)) is not None:
+                    raise InvalidBatch(
+                        f"row {row}, field {col!r}: unknown asset", row=row, field=col
+                    )
+        return Plan(batch)
+
+    def plan_assets(self, batch: pa.Table, tbl: Table) -> Plan:
+        """Assets: dedup by id, the eval carve-out, near-duplicate links."""
+        have = self._cache.get("assets", tbl)
+        ids = batch["asset_id"]
+        digests = rules.hex_prefix64(ids)
+        dup = (have.find("asset_id", ids, digests) >= 0) | ~first_occurrence(ids, digests)
+        keep = np.flatnonzero(~dup)
+        new = batch.take(pa.array(keep))
+        if new.num_rows == 0:
+            return Plan(new, duplicates=len(batch))
+        is_eval = rules.eval_mask(new["asset_id"], self._eval_salt, self._eval_fraction)
+        if "split" in new.column_names:
+            forced_train = to_numpy(pc.fill_null(pc.equal(new["split"], "train"), False)) & is_eval
+            if forced_train.any():
+                row = int(keep[np.argmax(forced_train)])
+                raise InvalidBatch(
+                    f"row {row}, field 'split': the asset is carved into eval",
+                    row=row,
+                    field="split",
+                )
+            is_eval |= to_numpy(pc.fill_null(pc.equal(new["split"], "eval"), False))
+        dup_of, near, events = self._link_near_duplicates(new, have)
+        rows = new.drop_columns(
+            [c for c in ("split", "duplicate_of", "near_duplicates") if c in new.column_names]
+        )
+        rows = rows.append_column(
+            "split", pa.array(np.where(is_eval, "eval", "train"), pa.large_string())
+        )
+        rows = rows.append_column("duplicate_of", dup_of).append_column("near_duplicates", near)
+        return Plan(
+            rows,
+            duplicates=len(batch) - new.num_rows,
+            eval=int(is_eval.sum()),
+            near_duplicates=new.num_rows - dup_of.null_count,
+            events=events,
+        )
+
+    def _link_near_duplicates(
+        self, new: pa.Table, have: Cached
+    ) -> tuple[pa.Array, pa.Array, pa.Table | None]:
+        """``duplicate_of`` and ``near_duplicates`` of new assets, and the link events.
+
+        The near-duplicate graph has an edge for every match ever recorded (each
+        asset's ``near_duplicates``, ``duplicate_of``, and ``near_duplicate`` events);
+        each connected group's canonical copy is :func:`rules.canonical_indices`.
+        """
+        m, n_old, rule = new.num_rows, have.data.num_rows, self._rule
+        none = pa.nulls(m, pa.large_string()), pa.nulls(m, pa.large_list(pa.large_string()))
+        fps = (
+            new["fingerprint"]
+            if "fingerprint" in new.column_names
+            else pa.nulls(m, pa.large_binary())
+        )
+        q, q_len = rules.fingerprint_matrix(fps, rule.window)
+        qi, ri = rules.near_duplicate_pairs(
+            q, q_len, have.derived["frames"], have.derived["lengths"], rule
+        )
+        bi, bj = rules.near_duplicate_pairs(q, q_len, q, q_len, rule, same=True)
+        if len(qi) == 0 and len(bi) == 0:
+            return *none, None
+        all_ids = _NodeIds(combined(have.data["asset_id"]), combined(new["asset_id"]))
+        new_rate = rules.bitrates(new)
+
+        def rate_of(nodes: NDArray[np.int64]) -> NDArray[np.float64]:
+            old = nodes < n_old
+            rate = np.empty(len(nodes), dtype=np.float64)
+            rate[old] = have.derived["bitrate"][nodes[old]]
+            rate[~old] = new_rate[nodes[~old] - n_old]
+            return rate
+
+        links = rules.plan_links(
+            n_old, m, self._link_edges(have), (qi, ri), (bi, bj), rate_of, all_ids.take
+        )
+        dup_of = np.full(m, None, dtype=object)
+        linked = links.duplicate_of >= 0
+        dup_of[linked] = all_ids.take(links.duplicate_of[linked])
+        events = link_events.event_rows(
+            all_ids.take(links.event_asset), all_ids.take(links.event_canonical)
+        )
+        counts = np.bincount(links.match_owner, minlength=m)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+        values = pa.array(all_ids.take(links.match_other).tolist(), pa.large_string())
+        near = pa.LargeListArray.from_arrays(offsets, values, mask=pa.array(counts == 0))
+        return pa.array(dup_of.tolist(), pa.large_string()), near, events
+
+    def _link_edges(self, have: Cached) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+        """Recorded near-duplicate edges among existing assets, as row indices."""
+        events = self._cache.get("near_dup_events").data
+        data = have.data
+        return rules.link_edges(
+            combined(data["asset_id"]),
+            data["near_duplicates"],
+            data["duplicate_of"],
+            events["asset_id"],
+            events["related_asset_id"],
+        )
+
+    def plan_clips(self, batch: pa.Table, tbl: Table) -> Plan:
+        """Clips: ``clip_id`` is the rule's (computed when absent), then
+        :meth:`_plan_clip_rows`."""
+        given = batch["clip_id"] if "clip_id" in batch.column_names else None
+
+        def verify() -> pa.Array:
+            """The rule's clip ids; InvalidBatch where a given one disagrees."""
+            computed = rules.clip_ids(
+                batch["asset_id"],
+                to_numpy(batch["t_start_s"]),
+                to_numpy(batch["t_end_s"]),
+                batch["split_version"],
+            )
+            if given is not None:
+                agree = pc.or_kleene(pc.is_null(given), pc.equal(given, computed))
+                if (row := first_bad(agree)) is not None:
+                    raise InvalidBatch(
+                        f"row {row}, field 'clip_id': {given[row]} is not rules.clip_id("
+                        f"asset_id, t_start_s, t_end_s, split_version) = {computed[row]}",
+                        row=row,
+                        field="clip_id",
+                    )
+            return computed
+
+        if given is None or given.null_count:
+            return self._plan_clip_rows(batch, tbl, verify())
+        # Every id is given: plan with them and re-derive every one while the data file
+        # is written (the hashing is Python, the write releases the GIL). A wrong id
+        # still rejects the batch, and its error comes first, as if checked first.
+        ids = combined(given)
+        try:
+            todo = self._plan_clip_rows(batch, tbl, ids)
+        except InvalidBatch:
+            verify()
+            raise
+        todo.verify = verify
+        return todo
+
+    def _plan_clip_rows(self, batch: pa.Table, tbl: Table, ids: pa.Array) -> Plan:
+        """Clip rows with ``ids``: asset references, splits and duplicates."""
+        assets = self._cache.get("assets")
+        at = find_refs(assets, "asset_id", batch["asset_id"])
+        if (row := first_bad(at >= 0)) is not None:
+            raise InvalidBatch(
+                f"row {row}, field 'asset_id': unknown asset", row=row, field="asset_id"
+            )
+        split = pc.take(assets.data["split"], pa.array(at))
+        if "split" in batch.column_names:
+            agree = pc.or_kleene(pc.is_null(batch["split"]), pc.equal(batch["split"], split))
+            if (row := first_bad(agree)) is not None:
+                raise InvalidBatch(
+                    f"row {row}, field 'split': differs from the asset's", row=row, field="split"
+                )
+        have = self._cache.get("clips", tbl)
+        digests = rules.hex_prefix64(ids)
+        dup = (have.find("clip_id", ids, digests) >= 0) | ~first_occurrence(ids, digests)
+        rows = batch.drop_columns([c for c in ("clip_id", "split") if c in batch.column_names])
+        rows = rows.append_column("clip_id", ids).append_column("split", split)
+        if dup.any():
+            rows = rows.filter(pa.array(~dup))
+        n_eval = int(pc.sum(pc.equal(rows["split"], "eval")).as_py() or 0)
+        return Plan(rows, duplicates=int(dup.sum()), eval=n_eval)
+
+    def prepare_latents(self, batch: pa.Table) -> pa.Table:
+        """The state-free latent checks, once per batch: each object exists and holds
+        the member's range, a whole-object member's hash is the object's, and every
+        header agrees with its row (:mod:`catalog.latent_headers`). Returns the batch
+        with ``length``, ``member_sha256`` and ``object_size`` filled from the store."""
+        size = self._object_sizes(batch["object_sha256"])
+        if (row := first_bad(size >= 0)) is not None:
+            raise InvalidBatch(
+                f"row {row}, field 'object_sha256': not in the object store",
+                row=row,
+                field="object_sha256",
+            )
+        if "object_size" in batch.column_names:
+            stated = to_numpy(pc.fill_null(batch["object_size"], -1)).astype(np.int64)
+            if (row := first_bad((stated < 0) | (stated == size))) is not None:
+                raise InvalidBatch(
+                    f"row {row}, field 'object_size': the store holds {size[row]} bytes",
+                    row=row,
+                    field="object_size",
+                )
+        offset, length = member_ranges(batch, size)
+        member = member_hashes(batch, (offset == 0) & (length == size))
+        check_latent_headers(self._objects(), batch, offset.tolist(), length.tolist())
+        rows = batch.drop_columns(
+            [c for c in ("length", "member_sha256", "object_size") if c in batch.column_names]
+        )
+        rows = rows.append_column("length", pa.array(length, pa.int64()))
+        return rows.append_column("member_sha256", member).append_column(
+            "object_size", pa.array(size, pa.int64())
+        )
+
+    def plan_latents(self, batch: pa.Table, tbl: Table) -> Plan:
+        """Latents (after :meth:`prepare_latents`): the clip exists; a latent already
+        present (clip, rung, tokenizer, member SHA-256) is a duplicate."""
+        known = find_ids(self._cache.get("clips"), "clip_id", batch["clip_id"]) >= 0
+        if (row := first_bad(known)) is not None:
+            raise InvalidBatch(
+                f"row {row}, field 'clip_id': unknown clip", row=row, field="clip_id"
+            )
+        key = latent_key(
+            batch["clip_id"], batch["rung"], batch["tokenizer_version"], batch["member_sha256"]
+        )
+        have = self._cache.get("latents", tbl)
+        digests = rules.hex_prefix64(batch["clip_id"])
+        dup = (have.find("key", key, digests) >= 0) | ~first_occurrence(key)
+        return Plan(batch.filter(pa.array(~dup)), duplicates=int(dup.sum()))
+
+    def _object_sizes(self, shas: pa.ChunkedArray) -> NDArray[np.int64]:
+        """Stored size of each row's object (-1 where absent), one ``head`` per object."""
+        unique = pc.unique(shas)
+        names = unique.to_pylist()
+        store = self._objects()
+
+        def head(sha: str) -> Any:
+            # An object adopted by reference (catalog.objects.refs: a TAR shard that
+            # stays at its publisher's URL) counts as present at its referenced size.
+            return resolve_head(store, sha)
+
+        if len(names) > 8:
+            with ThreadPoolExecutor(max_workers=_HEAD_WORKERS) as pool:
+                infos = list(pool.map(head, names))
+        else:
+            infos = [head(s) for s in names]
+        sizes = np.array([-1 if i is None else i.size for i in infos], dtype=np.int64)
+        return sizes[to_numpy(pc.index_in(shas, value_set=unique)).astype(np.int64)]
+
+
+class _NodeIds:
+    """Asset ids of graph nodes: existing rows first, then the batch's."""
+
+    def __init__(self, old: pa.Array, new: pa.Array) -> None:
+        self.old, self.new = old, new
+
+    def take(self, nodes: NDArray[np.int64]) -> NDArray[np.str_]:
+        n_old = len(self.old)
+        out = np.empty(len(nodes), dtype="U64")
+        is_old = nodes < n_old
+        out[is_old] = self.old.take(pa.array(nodes[is_old])).to_pylist()
+        out[~is_old] = self.new.take(pa.array(nodes[~is_old] - n_old)).to_pylist()
+        return out
