@@ -57,7 +57,7 @@ def _hex(prefix: str, n: int, width: int) -> list[str]:
 def seed(home: Path, clips: int, steps: int, batch: int) -> dict[str, Any]:
     """Fill an embedded catalog and publish one snapshot over every train clip."""
     from catalog.catalog import CatalogConfig, VidlakeCatalog
-    from loader.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
+    from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
     from manifests.registry import Registry, canonical_json
 
     catalog = VidlakeCatalog.open(CatalogConfig.embedded(home))

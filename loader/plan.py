@@ -46,8 +46,8 @@ from numpy.typing import NDArray
 
 from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput
 from catalog.hashing import require_sha256, sha256_bytes, sha256_file
-from loader.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA, SNAPSHOT_REQUIRED_KEYS
 from loader.source import SnapshotSource, open_source
+from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA, SNAPSHOT_REQUIRED_KEYS
 
 __all__ = ["PlanReader", "StepInfo", "open_plan"]
 
@@ -566,7 +566,7 @@ def open_plan(
     Raises:
         NotFound: the version is not published.
         ChecksumMismatch: a downloaded file does not match ``snapshot.json``.
-        IntegrityError: the files do not follow :mod:`loader.format`.
+        IntegrityError: the files do not follow :mod:`manifests.format`.
     """
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise InvalidInput(f"version must be a non-negative int, got {version!r}", version=version)

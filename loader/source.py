@@ -41,7 +41,7 @@ from catalog.errors import (
 from catalog.hashing import CHUNK, require_sha256, sha256_bytes
 from catalog.objects import ObjectStore, open_store
 from catalog.objects.refs import download_ref, get_ref, resolve_range
-from loader.format import erasure_prefix, erasure_seq, registry_key
+from manifests.format import erasure_prefix, erasure_seq, registry_key
 
 __all__ = ["HttpSource", "SnapshotSource", "StoreSource", "open_source"]
 
@@ -67,7 +67,7 @@ class SnapshotSource(ABC):
         """
 
     def erasure_bytes(self, version: int) -> bytes | None:
-        """The latest erasure mark of ``version`` (``loader.format``), or None if none.
+        """The latest erasure mark of ``version`` (``manifests.format``), or None if none.
 
         A source that cannot hold erasure marks has none (this default).
         """

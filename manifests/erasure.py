@@ -14,7 +14,7 @@ every resume cursor remain valid; latent members moved by a pack rewrite repoint
 the sorted manifest rows erased so far (cumulative over marks), the erasure id, and
 the catalog pins the erasure expired. Readers follow the mark with the highest ``k``:
 :meth:`manifests.registry.Registry.get` applies it, the loader reads it
-(:func:`loader.format.erasure_prefix`) and skips the erased rows, counting them.
+(:func:`manifests.format.erasure_prefix`) and skips the erased rows, counting them.
 
 :func:`erase_versions` is the registry step of :func:`catalog.erase.erase_asset`;
 it is idempotent (a version already marked by this erasure is skipped) and, once every
@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from catalog.errors import Conflict
-from loader.format import erasure_key
+from manifests.format import erasure_key
 from manifests.registry import ArtifactRef, ErasureMark, Registry, canonical_json
 
 __all__ = ["KEEP_COLUMNS", "blank_rows", "erase_versions"]

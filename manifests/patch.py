@@ -34,35 +34,20 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from catalog.errors import Conflict, IntegrityError, InvalidInput
-from loader.format import PLAN_SCHEMA
+from manifests.format import (
+    EXCLUDED_NAME,
+    EXCLUDED_SCHEMA,
+    PLAN_SCHEMA,
+    SKIPPED_NAME,
+    SKIPPED_SCHEMA,
+)
 from manifests.registry import Registry, SnapshotRecord
 
 __all__ = [
-    "EXCLUDED_NAME",
-    "EXCLUDED_SCHEMA",
-    "SKIPPED_NAME",
-    "SKIPPED_SCHEMA",
     "filter_plan_batch",
     "patch",
 ]
 
-SKIPPED_NAME = "skipped.parquet"
-SKIPPED_SCHEMA = pa.schema(
-    [
-        pa.field("step", pa.int64(), nullable=False),
-        pa.field("row", pa.int64(), nullable=False),
-        pa.field("clip_id", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-    ]
-)
-EXCLUDED_NAME = "excluded_rows.parquet"
-EXCLUDED_SCHEMA = pa.schema(
-    [
-        pa.field("row", pa.int64(), nullable=False),
-        pa.field("clip_id", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-    ]
-)
 _CLAIM_ATTEMPTS = 5
 _UNKNOWN_SHOWN = 10
 

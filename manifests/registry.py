@@ -1,7 +1,7 @@
 """The snapshot registry: immutable, numbered snapshot versions in an object store.
 
 A version is four or more content-addressed objects (the artifacts of
-:mod:`loader.format` plus ``snapshot.json``) and one create-only named key,
+:mod:`manifests.format` plus ``snapshot.json``) and one create-only named key,
 ``manifests/v{N:06d}.json``, that claims the number ``N`` and names its parent.
 
 Publication protocol (:meth:`Registry.publish`)::
@@ -44,8 +44,10 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from catalog.errors import ChecksumMismatch, Conflict, IntegrityError, InvalidInput, NotFound
 from catalog.hashing import is_sha256, sha256_bytes, sha256_file
 from catalog.objects import ObjectStore
-from loader.format import (
+from manifests.format import (
     ARTIFACT_NAMES,
+    EXCLUDED_NAME,
+    SKIPPED_NAME,
     SNAPSHOT_REQUIRED_KEYS,
     erasure_prefix,
     erasure_seq,
@@ -255,7 +257,7 @@ class Registry:
         already in the store (a patch keeps its base's index and manifest).
 
         Args:
-            artifacts: every name of :data:`loader.format.ARTIFACT_NAMES`, plus any
+            artifacts: every name of :data:`manifests.format.ARTIFACT_NAMES`, plus any
                 extra artifacts, each a local file or an existing object.
             snapshot: the metadata; every key of ``SNAPSHOT_REQUIRED_KEYS`` except
                 those set here.
@@ -674,8 +676,6 @@ class Registry:
     def _excluded_rows(self, version: int) -> pa.Array | None:
         """Manifest rows a patch chain excluded from ``version`` (None: not a patch)."""
         import pyarrow.parquet as pq
-
-        from manifests.patch import EXCLUDED_NAME, SKIPPED_NAME
 
         refs = self.get(version).artifacts
         name = EXCLUDED_NAME if EXCLUDED_NAME in refs else SKIPPED_NAME

@@ -41,7 +41,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from catalog.errors import InvalidInput, InvalidRecipe
-from loader.format import FORMAT_VERSION, INDEX_SCHEMA
+from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, LINEAGE_NAME, LINEAGE_SCHEMA
 from manifests.inputs import INPUTS_KEY, cut_inputs_sha256
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
 from materializer.recipe import Recipe
@@ -53,8 +53,6 @@ if TYPE_CHECKING:
     from manifests.registry import Registry, SnapshotRecord
 
 __all__ = [
-    "LINEAGE_NAME",
-    "LINEAGE_SCHEMA",
     "build_artifacts",
     "code_version",
     "cut_snapshot",
@@ -62,15 +60,6 @@ __all__ = [
 ]
 
 Progress = Callable[[str, float], None]
-
-LINEAGE_NAME = "lineage.arrow"
-LINEAGE_SCHEMA = pa.schema(
-    [
-        pa.field("row", pa.int64(), nullable=False),
-        pa.field("steps", pa.large_list(pa.int64()), nullable=False),
-    ],
-    metadata={"vidlake.format": str(FORMAT_VERSION), "vidlake.artifact": "lineage"},
-)
 
 _PARQUET_OPTIONS: dict[str, Any] = {
     "compression": "zstd",

@@ -40,6 +40,7 @@ from numpy.typing import NDArray
 
 from catalog.errors import ChecksumMismatch, Forbidden, InvalidInput, NotFound
 from catalog.hashing import sha256_file
+from manifests.format import LINEAGE_NAME
 from manifests.registry import Registry, SnapshotRecord
 from service.sql import to_json_rows
 
@@ -54,7 +55,6 @@ log = logging.getLogger("vidlake.service.lineage")
 MAX_STEPS_PER_VERSION = 10_000
 #: How long a cached record is trusted before its erasure marks are listed again.
 ERASURE_RECHECK_S = 5.0
-LINEAGE_ARTIFACT = "lineage.arrow"
 _SUMMARY_COLUMNS = frozenset({"row", "tier", "source", "source_tier", "license_id"})
 _CLIP_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -245,9 +245,9 @@ class SnapshotReader:
         """Every step of ``version`` whose batch holds each of ``rows``."""
         if not len(rows):
             return {}
-        if LINEAGE_ARTIFACT in self.record(version).artifacts:
+        if LINEAGE_NAME in self.record(version).artifacts:
             # The cut's inverted index: one record per manifest row, its steps sorted.
-            lineage = self.ipc_table(version, LINEAGE_ARTIFACT)
+            lineage = self.ipc_table(version, LINEAGE_NAME)
             picked = lineage.take(pa.array(np.asarray(rows, dtype=np.int64)))
             return {
                 int(r): [int(s) for s in steps]

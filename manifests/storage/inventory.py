@@ -25,7 +25,7 @@ import pyarrow as pa
 from catalog.errors import InvalidInput, NotFound
 from catalog.hashing import is_sha256
 from catalog.objects.local import LocalObjectStore
-from loader.format import registry_key
+from manifests.format import registry_key
 
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog

@@ -1,4 +1,4 @@
-"""Synthetic snapshots for loader tests, written in the exact format of ``loader.format``.
+"""Synthetic snapshots for loader tests, written in the exact format of ``manifests.format``.
 
 :func:`write_snapshot` publishes a small snapshot into any object store — latent
 objects (standalone or packed), ``plan.arrow``, ``index.arrow``, ``manifest.parquet``,
@@ -31,8 +31,8 @@ from safetensors.numpy import save as st_save
 
 from catalog.hashing import sha256_bytes
 from catalog.objects import ObjectStore, open_store
-from loader.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA, registry_key
 from loader.source import SnapshotSource, StoreSource
+from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA, registry_key
 
 __all__ = [
     "CorruptingSource",

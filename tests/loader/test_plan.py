@@ -13,9 +13,9 @@ import pytest
 
 from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput, NotFound
 from catalog.objects import open_store
-from loader.format import registry_key
 from loader.plan import PlanReader, open_plan
 from loader.source import HttpSource, StoreSource, open_source
+from manifests.format import registry_key
 from tests.loader.synth import (
     CorruptingSource,
     CountingSource,

@@ -1,7 +1,7 @@
 """Synthetic snapshot cuts for the registry tests, and the child process of the race test.
 
 ``make_cut`` writes tiny ``manifest.parquet``/``plan.arrow``/``index.arrow`` files with
-the schemas of :mod:`loader.format` and the ``snapshot.json`` metadata a cut would
+the schemas of :mod:`manifests.format` and the ``snapshot.json`` metadata a cut would
 publish. Run as ``python -m tests.manifests._cutter CONFIG_JSON``, it waits for a go
 file and then publishes cuts as fast as it can, printing one JSON line per attempt.
 """
@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from catalog.errors import Conflict
 from catalog.objects import open_store
-from loader.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
+from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
 from manifests.registry import Registry, canonical_json
 
 STREAMS = ["main", "aux"]

@@ -4,7 +4,7 @@ Eight train assets and two eval assets (forced ``split = eval`` at ingest, so no
 depends on the random carve-out salt), two clips per asset, a latent object per
 clip, two versions of an ``aesthetic`` score, captions, a tombstone, and two
 snapshot versions published through the real registry with the artifact schemas of
-:mod:`loader.format` (a stand-in for the cut until ``materializer.cut`` exists).
+:mod:`manifests.format` (a stand-in for the cut until ``materializer.cut`` exists).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from catalog.catalog import CatalogConfig, VidlakeCatalog
-from loader.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
+from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
 from manifests.registry import Registry, SnapshotRecord, canonical_json
 from service.auth import hash_token
 from service.settings import Settings
