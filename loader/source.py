@@ -18,7 +18,6 @@ uses one ``urllib`` request per call. Both pickle into DataLoader workers.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -29,6 +28,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import IO, Any
 
+from catalog.atomic import atomic_path
 from catalog.errors import (
     ChecksumMismatch,
     Forbidden,
@@ -188,10 +188,9 @@ class StoreSource(SnapshotSource):
         return ref.size
 
     def fetch_object(self, sha256: str, dest: Path) -> None:
-        # download() renames its own verified temp into place; give it a sibling name so
-        # that a destination the caller pre-created (a cache's temp file) never blocks it.
-        staging = Path(f"{dest}.dl")
-        try:
+        # Download to a fresh sibling name, then replace dest: a destination the caller
+        # pre-created (a cache's temp file) never blocks download()'s own rename.
+        with atomic_path(dest) as staging:
             try:
                 self.store.download(sha256, staging)
             except NotFound:
@@ -199,10 +198,6 @@ class StoreSource(SnapshotSource):
                 # streamed and checked against its full SHA-256; a failure is recorded
                 # for quarantine (catalog.objects.refs.download_ref).
                 download_ref(self.store, sha256, staging)
-            os.replace(staging, dest)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                staging.unlink()
 
     def read_range(self, sha256: str, offset: int, length: int) -> bytes:
         try:

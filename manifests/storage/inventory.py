@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from catalog.atomic import write_bytes
 from catalog.errors import InvalidInput, NotFound
 from catalog.hashing import is_sha256
 from catalog.objects.local import LocalObjectStore
@@ -106,14 +107,9 @@ class Inventory:
         """Write the JSONL file atomically (temp file, fsync, rename)."""
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(self.header, sort_keys=True) + "\n")
-            for entry in self.entries:
-                f.write(json.dumps(asdict(entry), sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
+        lines = [json.dumps(self.header, sort_keys=True)]
+        lines += [json.dumps(asdict(entry), sort_keys=True) for entry in self.entries]
+        write_bytes(out, "".join(line + "\n" for line in lines).encode())
         return out
 
     @property
