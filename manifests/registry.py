@@ -53,6 +53,7 @@ from manifests.format import (
     erasure_seq,
     registry_key,
 )
+from manifests.ipc import open_mapped
 
 __all__ = [
     "ArtifactRef",
@@ -689,11 +690,10 @@ def _read_columns(path: Path, names: builtins.list[str]) -> builtins.list[pa.Arr
     """Whole columns of an Arrow IPC file, read batch by batch from a memory map
     (list columns come back flattened). The arrays are concatenated into fresh
     memory, so they outlive the file."""
-    with pa.memory_map(str(path)) as source:
-        reader = pa.ipc.open_file(source)
+    with open_mapped(path) as mapped:
         chunks: dict[str, builtins.list[pa.Array]] = {n: [] for n in names}
-        for i in range(reader.num_record_batches):
-            batch = reader.get_batch(i)
+        for i in range(mapped.num_batches):
+            batch = mapped.batch(i)
             for n in names:
                 column = batch.column(n)
                 if pa.types.is_list(column.type):
@@ -701,7 +701,7 @@ def _read_columns(path: Path, names: builtins.list[str]) -> builtins.list[pa.Arr
                 chunks[n].append(column)
         result = []
         for n in names:
-            kind = reader.schema.field(n).type
+            kind = mapped.schema.field(n).type
             empty = pa.array([], kind.value_type if pa.types.is_list(kind) else kind)
             result.append(pa.concat_arrays([empty, *chunks[n]]))
         return result

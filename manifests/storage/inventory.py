@@ -20,13 +20,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
 from catalog.atomic import write_bytes
 from catalog.errors import InvalidInput, NotFound
 from catalog.hashing import is_sha256
 from catalog.objects.local import LocalObjectStore
 from manifests.format import registry_key
+from manifests.ipc import read_table
 
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog
@@ -214,8 +213,8 @@ def _cache_paths(root: Path, sha: str) -> Iterator[Path]:
 
 def referenced_objects(registry: Registry, version: int) -> tuple[list[str], list[str]]:
     """Latent and text-embedding object SHA-256s ``version``'s index references."""
-    with registry.local_artifact(version, "index.arrow") as path, pa.memory_map(str(path)) as src:
-        index = pa.ipc.open_file(src).read_all()
+    with registry.local_artifact(version, "index.arrow") as path:
+        index = read_table(path, what="index.arrow")
         latents = sorted(set(index.column("object_sha256").to_pylist()))
         texts = sorted(
             {s for row in index.column("text_embedding_sha256").to_pylist() for s in row if s}
