@@ -33,7 +33,6 @@ import contextlib
 import json
 import math
 import os
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,14 +43,24 @@ import pyarrow as pa
 from filelock import FileLock
 from numpy.typing import NDArray
 
-from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput
-from catalog.hashing import require_sha256, sha256_bytes, sha256_file
+from catalog.atomic import write_bytes
+from catalog.errors import IntegrityError, InvalidInput
+from catalog.hashing import require_sha256, sha256_bytes
 from loader.source import SnapshotSource, open_source
-from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA, SNAPSHOT_REQUIRED_KEYS
+from manifests.artifacts import ArtifactCache
+from manifests.format import (
+    FORMAT_VERSION,
+    INDEX_NAME,
+    INDEX_SCHEMA,
+    PLAN_NAME,
+    PLAN_SCHEMA,
+    SNAPSHOT_REQUIRED_KEYS,
+)
+from manifests.ipc import iter_batches, open_mapped
 
 __all__ = ["PlanReader", "StepInfo", "open_plan"]
 
-_ARTIFACTS = {"plan": "plan.arrow", "index": "index.arrow"}
+_ARTIFACTS = {"plan": PLAN_NAME, "index": INDEX_NAME}
 
 
 @dataclass(frozen=True)
@@ -102,38 +111,31 @@ class _MappedFile:
         self._offsets: NDArray[np.int64] | None = None
         self._stride = 1
         self.length = 0
-        self._mm = pa.memory_map(str(path), "r")
+        self._file = open_mapped(path, schema=schema, what=what)
         try:
-            self._reader = pa.ipc.open_file(self._mm)
-            found = self._reader.schema
-            if not found.remove_metadata().equals(schema.remove_metadata()):
-                raise IntegrityError(
-                    f"{what} at {path} has schema {found}, expected {schema}", path=str(path)
-                )
-            self.num_batches = self._reader.num_record_batches
+            self.num_batches = self._file.num_batches
             if self.num_batches:
                 # Read through a short-lived private mapping: this rank may never use
                 # the first and last batches, so their pages need not stay resident.
-                with pa.memory_map(str(path), "r") as mm:
-                    reader = pa.ipc.open_file(mm)
-                    first = reader.get_batch(0).num_rows
-                    last = reader.get_batch(self.num_batches - 1).num_rows
+                with open_mapped(path, what=what) as private:
+                    first = private.batch(0).num_rows
+                    last = private.batch(self.num_batches - 1).num_rows
                 self._stride = max(first, 1)
                 # Assumes equal batches; locate() confirms each hit on the key column.
                 self.length = (self.num_batches - 1) * first + last
         except BaseException:
-            self._mm.close()
+            self._file.close()
             raise
 
     def close(self) -> None:
         self._last = None
-        self._mm.close()
+        self._file.close()
 
     def batch(self, b: int) -> pa.RecordBatch:
         last = self._last
         if last is not None and last[0] == b:
             return last[1]
-        batch = self._reader.get_batch(b)
+        batch = self._file.batch(b)
         self._last = (b, batch)
         return batch
 
@@ -143,10 +145,7 @@ class _MappedFile:
         Whole-file passes touch every page; doing them on a mapping that is unmapped
         right after keeps those pages out of this process's resident set.
         """
-        with pa.memory_map(str(self.path), "r") as mm:
-            reader = pa.ipc.open_file(mm)
-            for b in range(reader.num_record_batches):
-                yield reader.get_batch(b)
+        yield from iter_batches(self.path, what=self.what)
 
     def build_offsets(self) -> None:
         """Start offsets of every batch: the fallback for unevenly sized batches."""
@@ -439,18 +438,16 @@ def _batch_gcd(plan_path: Path, plan_sha256: str) -> int:
     except (FileNotFoundError, ValueError, AttributeError):
         pass
     g = 0
-    with pa.memory_map(str(plan_path), "r") as mm:  # private mapping: pages leave with it
-        reader = pa.ipc.open_file(mm)
-        for b in range(reader.num_record_batches):
-            batch = reader.get_batch(b)
-            offsets, _ = _list_views(batch.column("rows"), np.int64)
-            sizes = np.diff(offsets).astype(np.int64)
-            sizes += _int_view(batch.column("skipped"), np.int32)
-            if len(sizes):
-                g = math.gcd(g, int(np.gcd.reduce(sizes)))
-            del offsets, sizes, batch  # nothing may pin the mapping
+    # A private mapping: its pages leave with it.
+    for batch in iter_batches(plan_path, what="plan.arrow"):
+        offsets, _ = _list_views(batch.column("rows"), np.int64)
+        sizes = np.diff(offsets).astype(np.int64)
+        sizes += _int_view(batch.column("skipped"), np.int32)
+        if len(sizes):
+            g = math.gcd(g, int(np.gcd.reduce(sizes)))
+        del offsets, sizes, batch  # nothing may pin the mapping
     with contextlib.suppress(OSError):  # a read-only cache dir still works, just slower
-        _write_atomic(side, json.dumps({"plan_sha256": plan_sha256, "batch_gcd": g}).encode())
+        write_bytes(side, json.dumps({"plan_sha256": plan_sha256, "batch_gcd": g}).encode())
     return g
 
 
@@ -487,62 +484,36 @@ def _parse_snapshot(data: bytes, version: int) -> dict[str, Any]:
     return doc
 
 
-def _artifact_path(cache_dir: Path, sha256: str, kind: str) -> Path:
-    return cache_dir / "artifacts" / f"{sha256}.{kind}.arrow"
+def _artifacts(cache_dir: Path) -> ArtifactCache:
+    # Ranks on a node share these files; one that has the right size was verified
+    # before it took its name, so the ranks do not re-hash a multi-GB plan.
+    return ArtifactCache(cache_dir / "artifacts", rehash=False)
 
 
-def _ready(doc: dict[str, Any], cache_dir: Path) -> bool:
-    for kind, name in _ARTIFACTS.items():
-        entry = doc["artifacts"][name]
-        path = _artifact_path(cache_dir, entry["sha256"], kind)
-        try:
-            if path.stat().st_size != int(entry["size"]):
-                return False
-        except FileNotFoundError:
-            return False
-    return True
+def _ready(doc: dict[str, Any], cache: ArtifactCache) -> bool:
+    return all(
+        cache.ready(doc["artifacts"][name]["sha256"], int(doc["artifacts"][name]["size"]), name)
+        for name in _ARTIFACTS.values()
+    )
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-
-
-def _download(source: SnapshotSource, version: int, doc: dict[str, Any], cache_dir: Path) -> None:
+def _download(
+    source: SnapshotSource, version: int, doc: dict[str, Any], cache: ArtifactCache
+) -> None:
     """Fetch missing artifacts into place: temp file, SHA-256 and size check, rename."""
-    for kind, name in _ARTIFACTS.items():
-        entry = doc["artifacts"][name]
-        sha, size = entry["sha256"], int(entry["size"])
-        final = _artifact_path(cache_dir, sha, kind)
-        if final.exists() and final.stat().st_size == size:
-            continue
-        tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex}.tmp")
-        try:
+    for name in _ARTIFACTS.values():
+        sha, size = doc["artifacts"][name]["sha256"], int(doc["artifacts"][name]["size"])
+
+        def fetch(tmp: Path, name: str = name, sha: str = sha) -> None:
             source.download_artifact(version, name, sha, tmp)
-            actual, actual_size = sha256_file(tmp)
-            if actual != sha or actual_size != size:
-                raise ChecksumMismatch(
-                    f"{name} of snapshot {version} from {source.url}: got {actual_size} bytes "
-                    f"hashing to {actual}, snapshot.json says {size} bytes, {sha}",
-                    sha256=sha,
-                    actual=actual,
-                    expected_size=size,
-                    actual_size=actual_size,
-                )
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+
+        cache.get(
+            sha, size, fetch, name=name, what=f"{name} of snapshot {version} from {source.url}"
+        )
+
+
+def _local_path(cache: ArtifactCache, doc: dict[str, Any], name: str) -> Path:
+    return cache.path(doc["artifacts"][name]["sha256"], name)
 
 
 def open_plan(
@@ -571,11 +542,12 @@ def open_plan(
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise InvalidInput(f"version must be a non-negative int, got {version!r}", version=version)
     root = Path(cache_dir)
+    cache = _artifacts(root)
     snap_path = root / "snapshots" / f"v{version:06d}.json"
     src = open_source(source)
     mark = _erasure_mark(src, version)
     local = _local_snapshot(snap_path, version)
-    if local is None or not _ready(_effective(local[1], mark), root):
+    if local is None or not _ready(_effective(local[1], mark), cache):
         (root / "snapshots").mkdir(parents=True, exist_ok=True)
         (root / "artifacts").mkdir(parents=True, exist_ok=True)
         with FileLock(str(snap_path.with_suffix(".lock")), timeout=lock_timeout_s):
@@ -584,19 +556,19 @@ def open_plan(
             if local is None:
                 data, _ = src.snapshot_bytes(version)
                 local = data, _parse_snapshot(data, version)
-                _write_atomic(snap_path, data)
-            if not _ready(_effective(local[1], mark), root):
-                _download(src, version, _effective(local[1], mark), root)
-                plan_sha = local[1]["artifacts"]["plan.arrow"]["sha256"]
-                _batch_gcd(_artifact_path(root, plan_sha, "plan"), plan_sha)
+                write_bytes(snap_path, data)
+            if not _ready(_effective(local[1], mark), cache):
+                _download(src, version, _effective(local[1], mark), cache)
+                plan_sha = local[1]["artifacts"][PLAN_NAME]["sha256"]
+                _batch_gcd(cache.path(plan_sha, PLAN_NAME), plan_sha)
     data, doc = local
     doc = _effective(doc, mark)
     return PlanReader(
         version=version,
         snapshot=doc,
         snapshot_sha256=sha256_bytes(data),
-        plan_path=_artifact_path(root, doc["artifacts"]["plan.arrow"]["sha256"], "plan"),
-        index_path=_artifact_path(root, doc["artifacts"]["index.arrow"]["sha256"], "index"),
+        plan_path=_local_path(cache, doc, PLAN_NAME),
+        index_path=_local_path(cache, doc, INDEX_NAME),
         erased_rows=np.asarray(mark["erased_rows"] if mark else [], dtype=np.int64),
         erasure_ids=(str(mark["erasure_id"]),) if mark else (),
     )

@@ -42,8 +42,9 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from catalog.errors import ChecksumMismatch, Conflict, IntegrityError, InvalidInput, NotFound
-from catalog.hashing import is_sha256, sha256_bytes, sha256_file
+from catalog.hashing import is_sha256, sha256_bytes
 from catalog.objects import ObjectStore
+from manifests.artifacts import fetch_verified, is_verified
 from manifests.format import (
     ARTIFACT_NAMES,
     EXCLUDED_NAME,
@@ -484,17 +485,15 @@ class Registry:
         """Download an artifact to ``dest_dir/name``, verified; reuse a verified copy."""
         ref = self.artifact_ref(version, name)
         dest = Path(dest_dir) / name
-        if dest.is_file() and sha256_file(dest) == (ref.sha256, ref.size):
+        if is_verified(dest, ref.sha256, ref.size):
             return dest
-        Path(dest_dir).mkdir(parents=True, exist_ok=True)
-        info = self.store.download(ref.sha256, dest)
-        if info.sha256 != ref.sha256 or info.size != ref.size:
-            raise ChecksumMismatch(
-                f"artifact {name} of version {version} does not verify",
-                sha256=ref.sha256,
-                version=version,
-            )
-        return dest
+
+        def fetch(tmp: Path) -> tuple[str, int]:
+            info = self.store.download(ref.sha256, tmp)  # hashes while it writes
+            return info.sha256, info.size
+
+        what = f"artifact {name} of version {version}"
+        return fetch_verified(dest, ref.sha256, ref.size, fetch, what=what)
 
     def read_artifact(self, version: int, name: str) -> bytes:
         """An artifact's bytes, verified (small artifacts; use artifact_path for plans)."""

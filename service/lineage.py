@@ -38,9 +38,11 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
+from catalog.atomic import atomic_path
 from catalog.errors import ChecksumMismatch, Forbidden, InvalidInput, NotFound
-from catalog.hashing import sha256_file
+from manifests.artifacts import ArtifactCache
 from manifests.format import LINEAGE_NAME
+from manifests.ipc import read_table, write_table
 from manifests.registry import Registry, SnapshotRecord
 from service.sql import to_json_rows
 
@@ -63,9 +65,9 @@ class SnapshotReader:
     """Cached, verified reads of published snapshots.
 
     Records are cached forever (versions are immutable). Artifacts are downloaded
-    once into ``cache_dir/objects/<sha[:2]>/<sha>`` through the store's verified
-    temp-file-and-rename download, re-hashed once per process before first use, and
-    memory-mapped.
+    once into ``cache_dir/objects/<sha>`` (:class:`manifests.artifacts.ArtifactCache`:
+    verified before they take their name, re-hashed once per process before first
+    use), and memory-mapped.
     """
 
     def __init__(self, registry: Registry, cache_dir: str | Path) -> None:
@@ -75,8 +77,7 @@ class SnapshotReader:
         self._records: dict[int, SnapshotRecord] = {}
         self._checked: dict[int, float] = {}
         self._snapshot_bytes: dict[int, bytes] = {}
-        self._verified: set[str] = set()
-        self._sha_locks: dict[str, threading.Lock] = {}
+        self._objects = ArtifactCache(self.cache_dir / "objects", rehash=True)
         self._tables: dict[str, pa.Table] = {}
         self._views: dict[tuple[str, tuple[int, ...]], ds.Dataset] = {}
 
@@ -113,15 +114,11 @@ class SnapshotReader:
             self._checked.clear()
             self._views.clear()
             for sha in shas:
-                self._verified.discard(sha)
                 self._tables.pop(sha, None)
                 self._tables.pop(f"summary:{sha}", None)
         for sha in shas:
-            for path in (
-                self.cache_dir / "objects" / sha[:2] / sha,
-                self.cache_dir / "derived" / f"{sha}.summary.arrow",
-            ):
-                path.unlink(missing_ok=True)
+            self._objects.forget(sha)
+            (self.cache_dir / "derived" / f"{sha}.summary.arrow").unlink(missing_ok=True)
 
     def snapshot_bytes(self, version: int) -> bytes:
         """The version's ``snapshot.json`` exactly as stored (verified by the registry)."""
@@ -142,26 +139,14 @@ class SnapshotReader:
             raise NotFound(
                 f"version {version} has no artifact {name!r}", version=version, name=name
             )
-        return self._local_object(refs[name].sha256, refs[name].size)
+        ref = refs[name]
+        store = self.registry.store
 
-    def _local_object(self, sha256: str, size: int) -> Path:
-        path = self.cache_dir / "objects" / sha256[:2] / sha256
-        with self._lock:
-            lock = self._sha_locks.setdefault(sha256, threading.Lock())
-        with lock:
-            if sha256 in self._verified and path.is_file():
-                return path
-            if path.is_file() and sha256_file(path) != (sha256, size):
-                log.warning("cached artifact %s is corrupt; downloading it again", sha256)
-                path.unlink()
-            if not path.is_file():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                info = self.registry.store.download(sha256, path)
-                if (info.sha256, info.size) != (sha256, size):
-                    raise ChecksumMismatch(f"object {sha256} does not verify", sha256=sha256)
-            with self._lock:
-                self._verified.add(sha256)
-        return path
+        def fetch(tmp: Path) -> tuple[str, int]:
+            info = store.download(ref.sha256, tmp)  # hashes while it writes
+            return info.sha256, info.size
+
+        return self._objects.get(ref.sha256, ref.size, fetch, what=f"{name} of version {version}")
 
     def ipc_table(self, version: int, name: str) -> pa.Table:
         """An Arrow IPC file artifact as a memory-mapped table (zero-copy)."""
@@ -174,9 +159,7 @@ class SnapshotReader:
             hit = self._tables.get(ref.sha256)
         if hit is not None:
             return hit
-        path = self.local(version, name)
-        with pa.memory_map(str(path)) as source:
-            table = pa.ipc.open_file(source).read_all()
+        table = read_table(self.local(version, name), what=name)
         with self._lock:
             self._tables[ref.sha256] = table
         return table
@@ -198,16 +181,9 @@ class SnapshotReader:
             schema = source.schema_arrow
             names = [f.name for f in schema if _summary_column(f)]
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-            with (
-                pa.OSFile(str(tmp), "wb") as sink,
-                pa.ipc.new_file(sink, pa.schema([schema.field(n) for n in names])) as writer,
-            ):
-                for batch in source.iter_batches(columns=names, batch_size=1 << 16):
-                    writer.write_batch(batch)
-            os.replace(tmp, path)  # atomic: readers see nothing or the whole file
-        with pa.memory_map(str(path)) as mapped:
-            table = pa.ipc.open_file(mapped).read_all()
+            batches = source.iter_batches(columns=names, batch_size=1 << 16)
+            write_table(path, batches, pa.schema([schema.field(n) for n in names]))
+        table = read_table(path, what=f"summary of manifest {ref.sha256}")
         with self._lock:
             self._tables[key] = table
         return table
@@ -296,9 +272,9 @@ class SnapshotReader:
             target = self.local(v, name)
             if not link.exists():
                 link.parent.mkdir(parents=True, exist_ok=True)
-                tmp = link.with_name(f".{name}.{os.getpid()}.{threading.get_ident()}")
-                os.link(target, tmp)
-                os.replace(tmp, link)  # atomic; a racing writer links the same bytes
+                # Atomic; a racing writer links the same bytes.
+                with atomic_path(link) as tmp:
+                    os.link(target, tmp)
             paths.append(str(link))
         partitioning = ds.partitioning(pa.schema([("version", pa.int64())]), flavor="hive")
         if not paths:
