@@ -14,7 +14,8 @@ import torch
 from catalog.errors import ChecksumMismatch, IntegrityError
 from loader.dataset import SnapshotDataset, _BatchBuffer, _Step
 from loader.plan import StepInfo
-from tests.loader.synth import CorruptingSource, write_snapshot
+from manifests.synthetic import write_snapshot
+from tests.loader.synth import CorruptingSource
 
 MB = 1 << 20
 

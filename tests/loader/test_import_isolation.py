@@ -41,7 +41,7 @@ _SCRIPT = textwrap.dedent(
     else:
         raise SystemExit("the blocker let fastapi through")
 
-    from tests.loader.synth import write_snapshot
+    from manifests.synthetic import write_snapshot
 
     tmp = sys.argv[1]
     snap = write_snapshot(tmp + "/store", num_steps=2, formats=("safetensors", "pt", "npy"))

@@ -16,13 +16,8 @@ from catalog.objects import open_store
 from loader.plan import PlanReader, open_plan
 from loader.source import HttpSource, StoreSource, open_source
 from manifests.format import registry_key
-from tests.loader.synth import (
-    CorruptingSource,
-    CountingSource,
-    serve_http,
-    write_big_snapshot,
-    write_snapshot,
-)
+from manifests.synthetic import write_big_snapshot, write_snapshot
+from tests.loader.synth import CorruptingSource, CountingSource, serve_http
 
 
 @pytest.fixture

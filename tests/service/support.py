@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 
 from catalog.catalog import CatalogConfig, VidlakeCatalog
 from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
+from manifests.ipc import write_table
 from manifests.registry import Registry, SnapshotRecord, canonical_json
 from service.auth import hash_token
 from service.settings import Settings
@@ -251,12 +252,7 @@ def write_fake_cut(
         },
         schema=INDEX_SCHEMA,
     )
-    with (
-        pa.OSFile(str(directory / "index.arrow"), "wb") as sink,
-        pa.ipc.new_file(sink, INDEX_SCHEMA) as writer,
-    ):
-        for batch in index.to_batches(max_chunksize=5):
-            writer.write_batch(batch)
+    write_table(directory / "index.arrow", index, max_chunksize=5)
     steps = [rng.choice(n, size=4, replace=False).tolist() for _ in range(6)]
     plan = pa.table(
         {
@@ -271,12 +267,7 @@ def write_fake_cut(
         },
         schema=PLAN_SCHEMA,
     )
-    with (
-        pa.OSFile(str(directory / "plan.arrow"), "wb") as sink,
-        pa.ipc.new_file(sink, PLAN_SCHEMA) as writer,
-    ):
-        for batch in plan.to_batches(max_chunksize=4):
-            writer.write_batch(batch)
+    write_table(directory / "plan.arrow", plan, max_chunksize=4)
     manifest = index.append_column(
         "tier", pa.array(["gold" if i % 2 else "silver" for i in range(n)])
     ).append_column("phase", pa.array(np.zeros(n, np.int32)))
