@@ -14,13 +14,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from manifests.diff import SnapshotDiff
     from manifests.registry import (
         ArtifactRef,
         Pin,
         PinEvent,
         Registry,
         RegistryEntry,
-        SnapshotDiff,
         SnapshotRecord,
         canonical_json,
     )
@@ -38,7 +38,7 @@ __all__ = [
 
 # ``patch`` is not among them: a lazy name would be shadowed by the submodule
 # ``manifests.patch`` once that is imported; use ``from manifests.patch import patch``.
-_LAZY = {name: "manifests.registry" for name in __all__}
+_LAZY = {name: "manifests.registry" for name in __all__} | {"SnapshotDiff": "manifests.diff"}
 
 
 def __getattr__(name: str) -> Any:

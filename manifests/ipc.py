@@ -6,7 +6,8 @@ uncompressed Arrow IPC files, so every reader memory-maps them and nothing is co
 * :func:`open_mapped` maps a file until the caller closes it (or leaves its ``with``
   block), :func:`read_table` returns the whole
   file as a zero-copy table (the mapping lives as long as the table's buffers),
-  :func:`iter_batches` walks the record batches through a short-lived mapping.
+  :func:`iter_batches` walks the record batches through a short-lived mapping,
+  :func:`read_columns` copies whole columns out of one.
   Each checks what it opens: the expected size (``size``), that it is an Arrow IPC
   file at all, and its schema (``schema``, metadata ignored); a failure is an
   :class:`~catalog.errors.IntegrityError` naming the file.
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from catalog.atomic import atomic_path
 from catalog.errors import IntegrityError
@@ -35,6 +37,7 @@ __all__ = [
     "ipc_writer",
     "iter_batches",
     "open_mapped",
+    "read_columns",
     "read_table",
     "write_table",
 ]
@@ -156,6 +159,27 @@ def read_table(
     mapping stays alive while the table's buffers do)."""
     with open_mapped(path, schema=schema, size=size, what=what) as m:
         return m.reader.read_all()
+
+
+def read_columns(path: PathLike, names: list[str], *, what: str | None = None) -> list[pa.Array]:
+    """Whole columns ``names`` of IPC file ``path``, read batch by batch from a memory
+    map (list columns come back flattened). The arrays are concatenated into fresh
+    memory, so they outlive the file."""
+    with open_mapped(path, what=what) as m:
+        chunks: dict[str, list[pa.Array]] = {n: [] for n in names}
+        for i in range(m.num_batches):
+            batch = m.batch(i)
+            for n in names:
+                column = batch.column(n)
+                if pa.types.is_list(column.type):
+                    column = pc.list_flatten(column)
+                chunks[n].append(column)
+        result = []
+        for n in names:
+            kind = m.schema.field(n).type
+            empty = pa.array([], kind.value_type if pa.types.is_list(kind) else kind)
+            result.append(pa.concat_arrays([empty, *chunks[n]]))
+        return result
 
 
 @contextlib.contextmanager

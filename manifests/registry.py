@@ -18,7 +18,9 @@ of ``parent + 1`` succeeds exactly when ``parent`` is still the latest version.
 
 Pins are an append-only log of create-only events
 (``pins/v{N:06d}/e{seq:06d}.json``); the event with the highest sequence number
-decides whether a version is pinned.
+decides whether a version is pinned. Diffs between versions are computed in
+:mod:`manifests.diff`; verified local copies of artifacts come from
+:mod:`manifests.artifacts`.
 """
 
 from __future__ import annotations
@@ -29,15 +31,13 @@ import copy
 import io
 import json
 import logging
-import math
 import re
 import tempfile
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
-import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -47,14 +47,15 @@ from catalog.objects import ObjectStore
 from manifests.artifacts import fetch_verified, is_verified
 from manifests.format import (
     ARTIFACT_NAMES,
-    EXCLUDED_NAME,
-    SKIPPED_NAME,
     SNAPSHOT_REQUIRED_KEYS,
     erasure_prefix,
     erasure_seq,
     registry_key,
 )
-from manifests.ipc import open_mapped
+from manifests.ipc import read_columns
+
+if TYPE_CHECKING:
+    from manifests.diff import SnapshotDiff
 
 __all__ = [
     "ArtifactRef",
@@ -63,7 +64,6 @@ __all__ = [
     "PinEvent",
     "Registry",
     "RegistryEntry",
-    "SnapshotDiff",
     "SnapshotRecord",
     "canonical_json",
 ]
@@ -194,40 +194,6 @@ class Pin(_Fact):
     reason: str | None
     by: str | None
     at: str
-
-
-class SnapshotDiff(_Fact):
-    """What changed from version ``a`` to version ``b`` (``model_dump()`` is JSON-ready).
-
-    A version's clips are those its plan can serve: the clips of its index rows,
-    less the rows a patch chain excluded (``excluded_rows.parquet``; for a patch
-    written before that artifact, the rows of ``skipped.parquet``). ``rows`` counts
-    the same rows. ``clips_added``/``clips_removed`` are sorted and cut to
-    ``max_clips`` when one was given; the ``num_*`` counts are always exact.
-    ``counts``, ``drops`` and ``stream_shares`` map each (dotted, flattened) key to
-    ``{"a", "b", "delta"}`` (``delta`` only for numbers; ``None`` stands for a key one
-    side lacks); a patch's ``stream_shares`` are those its plan serves.
-    ``catalog_changes`` names every pin entry that differs (Iceberg tables, and
-    embedding models as ``embeddings/<model>``) as ``{"a", "b"}``.
-    """
-
-    a: int
-    b: int
-    num_clips_a: int
-    num_clips_b: int
-    num_clips_added: int
-    num_clips_removed: int
-    clips_added: list[str]
-    clips_removed: list[str]
-    clips_truncated: bool
-    rows: dict[str, int]
-    plan_rows: dict[str, int | None]
-    recipe_sha256: dict[str, Any]
-    catalog_changed: bool
-    catalog_changes: dict[str, dict[str, Any]]
-    stream_shares: dict[str, dict[str, Any]]
-    counts: dict[str, dict[str, Any]]
-    drops: dict[str, dict[str, Any]]
 
 
 class Registry:
@@ -517,6 +483,13 @@ class Registry:
         with tempfile.TemporaryDirectory(prefix="vidlake-artifact-") as tmp:
             yield self.artifact_path(version, name, tmp)
 
+    # -- diff ---------------------------------------------------------------------
+    def diff(self, a: int, b: int, *, max_clips: int | None = None) -> SnapshotDiff:
+        """Compare two versions (:func:`manifests.diff.diff_versions`)."""
+        from manifests.diff import diff_versions
+
+        return diff_versions(self, a, b, max_clips=max_clips)
+
     # -- pins ---------------------------------------------------------------------
     def pin(self, version: int, reason: str, by: str | None = None) -> Pin:
         """Pin ``version`` so a garbage collector keeps every object it references."""
@@ -571,7 +544,7 @@ class Registry:
                 continue  # a patch shares its base's index
             indexes_read.add(refs["index.arrow"].sha256)
             with self.local_artifact(pin.version, "index.arrow") as path:
-                for column in _read_columns(path, ["object_sha256", "text_embedding_sha256"]):
+                for column in read_columns(path, ["object_sha256", "text_embedding_sha256"]):
                     protected.update(pc.unique(column).to_pylist())
         return protected
 
@@ -620,135 +593,3 @@ class Registry:
             f"could not append a pin event to version {version}: too much contention",
             version=version,
         )
-
-    # -- diff ---------------------------------------------------------------------
-    def diff(self, a: int, b: int, *, max_clips: int | None = None) -> SnapshotDiff:
-        """Compare two versions: clips (by ``clip_id``), rows, shares, recipe, counts.
-
-        Args:
-            a: the older (or reference) version.
-            b: the newer version.
-            max_clips: cut the added/removed clip lists to this many (counts stay exact).
-        """
-        if max_clips is not None and max_clips < 0:
-            raise InvalidInput("max_clips must be >= 0", field="max_clips")
-        rec_a, rec_b = self.get(a), self.get(b)
-        clips_a, rows_a = self._clip_ids(a)
-        clips_b, rows_b = self._clip_ids(b)
-        added = _sorted_difference(clips_b, clips_a)
-        removed = _sorted_difference(clips_a, clips_b)
-        limit = max(len(added), len(removed)) if max_clips is None else max_clips
-        sa, sb = rec_a.snapshot, rec_b.snapshot
-        pins = _pin_changes(sa.get("catalog_snapshot_ids"), sb.get("catalog_snapshot_ids"))
-        return SnapshotDiff(
-            a=a,
-            b=b,
-            num_clips_a=len(clips_a),
-            num_clips_b=len(clips_b),
-            num_clips_added=len(added),
-            num_clips_removed=len(removed),
-            clips_added=added.slice(0, limit).to_pylist(),
-            clips_removed=removed.slice(0, limit).to_pylist(),
-            clips_truncated=limit < max(len(added), len(removed)),
-            rows={"a": rows_a, "b": rows_b, "delta": rows_b - rows_a},
-            plan_rows=_change(sa.get("plan_rows"), sb.get("plan_rows")),
-            recipe_sha256={
-                "a": sa.get("recipe_sha256"),
-                "b": sb.get("recipe_sha256"),
-                "changed": sa.get("recipe_sha256") != sb.get("recipe_sha256"),
-            },
-            catalog_changed=bool(pins),
-            catalog_changes=pins,
-            stream_shares=_mapping_changes(sa.get("stream_shares"), sb.get("stream_shares")),
-            counts=_mapping_changes(sa.get("counts"), sb.get("counts")),
-            drops=_mapping_changes(sa.get("drops"), sb.get("drops")),
-        )
-
-    def _clip_ids(self, version: int) -> tuple[pa.Array, int]:
-        """The distinct clip ids a version can serve, and the number of its rows."""
-        with self.local_artifact(version, "index.arrow") as path:
-            rows, clip_ids = _read_columns(path, ["row", "clip_id"])
-        excluded = self._excluded_rows(version)
-        if excluded is not None and len(excluded):
-            clip_ids = pc.filter(clip_ids, pc.invert(pc.is_in(rows, value_set=excluded)))
-        return pc.unique(clip_ids), len(clip_ids)
-
-    def _excluded_rows(self, version: int) -> pa.Array | None:
-        """Manifest rows a patch chain excluded from ``version`` (None: not a patch)."""
-        import pyarrow.parquet as pq
-
-        refs = self.get(version).artifacts
-        name = EXCLUDED_NAME if EXCLUDED_NAME in refs else SKIPPED_NAME
-        if name not in refs:
-            return None
-        table = pq.read_table(io.BytesIO(self.read_artifact(version, name)), columns=["row"])
-        return pc.unique(table["row"].combine_chunks())
-
-
-def _read_columns(path: Path, names: builtins.list[str]) -> builtins.list[pa.Array]:
-    """Whole columns of an Arrow IPC file, read batch by batch from a memory map
-    (list columns come back flattened). The arrays are concatenated into fresh
-    memory, so they outlive the file."""
-    with open_mapped(path) as mapped:
-        chunks: dict[str, builtins.list[pa.Array]] = {n: [] for n in names}
-        for i in range(mapped.num_batches):
-            batch = mapped.batch(i)
-            for n in names:
-                column = batch.column(n)
-                if pa.types.is_list(column.type):
-                    column = pc.list_flatten(column)
-                chunks[n].append(column)
-        result = []
-        for n in names:
-            kind = mapped.schema.field(n).type
-            empty = pa.array([], kind.value_type if pa.types.is_list(kind) else kind)
-            result.append(pa.concat_arrays([empty, *chunks[n]]))
-        return result
-
-
-def _sorted_difference(left: pa.Array, right: pa.Array) -> pa.Array:
-    """Values of ``left`` not in ``right``, sorted (both distinct)."""
-    kept = pc.filter(left, pc.invert(pc.is_in(left, value_set=right)))
-    return pc.take(kept, pc.sort_indices(kept))
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, Mapping):
-        flat: dict[str, Any] = {}
-        for key, inner in value.items():
-            flat.update(_flatten(inner, f"{prefix}{key}."))
-        return flat
-    return {prefix.rstrip("."): value}
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _change(a: Any, b: Any) -> dict[str, Any]:
-    change: dict[str, Any] = {"a": a, "b": b}
-    if _is_number(a) and _is_number(b):
-        change["delta"] = b - a
-    return change
-
-
-def _pin_changes(a: Any, b: Any) -> dict[str, dict[str, Any]]:
-    """``{pin key: {"a", "b"}}`` for every key whose value differs."""
-    pa_ = a if isinstance(a, Mapping) else {}
-    pb = b if isinstance(b, Mapping) else {}
-    if pa_ == pb:
-        return {}
-    if not pa_ or not pb:  # one side records no pin at all
-        return {"catalog_snapshot_ids": {"a": a, "b": b}}
-    return {
-        key: {"a": pa_.get(key), "b": pb.get(key)}
-        for key in sorted({*pa_, *pb})
-        if pa_.get(key) != pb.get(key)
-    }
-
-
-def _mapping_changes(a: Any, b: Any) -> dict[str, dict[str, Any]]:
-    """``{flattened key: {"a", "b", "delta"}}`` for every key of either mapping."""
-    flat_a = _flatten(a) if isinstance(a, Mapping) else {}
-    flat_b = _flatten(b) if isinstance(b, Mapping) else {}
-    return {key: _change(flat_a.get(key), flat_b.get(key)) for key in sorted({*flat_a, *flat_b})}
