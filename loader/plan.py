@@ -9,9 +9,9 @@ final name is always verified. ``snapshot.json`` and erasure marks are checked b
 :mod:`loader.snapshot`.
 
 Every process then memory-maps both files (:class:`loader.mapped.MappedFile`, over
-:mod:`manifests.ipc`). Nothing is copied: :meth:`PlanReader.rows` returns a read-only numpy view into
-the mapped ``rows`` buffer, so resident memory grows with the steps a rank touches, not
-with the plan's size.
+:mod:`manifests.ipc`). Nothing is copied: :meth:`PlanReader.rows` returns a read-only
+numpy view into the mapped ``rows`` buffer, so resident memory grows with the steps a
+rank touches, not with the plan's size.
 
 Locating a step is O(1) when the plan's record batches hold a fixed number of steps
 (all but the last; the materializer's chunks do while the global batch is constant):

@@ -31,7 +31,7 @@ _SCRIPT = textwrap.dedent(
     sys.meta_path.insert(0, Block())
 
     import loader, loader.cache, loader.dataset, loader.decode, loader.mapped, loader.plan
-    import loader.snapshot, loader.source
+    import loader.cache_schema, loader.owners, loader.snapshot, loader.source
     from loader import NodeCache, PlanReader, SnapshotDataset, open_plan
 
     # The blocker really blocks.
