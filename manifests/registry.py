@@ -18,8 +18,8 @@ of ``parent + 1`` succeeds exactly when ``parent`` is still the latest version.
 
 Pins are an append-only log of create-only events
 (``pins/v{N:06d}/e{seq:06d}.json``); the event with the highest sequence number
-decides whether a version is pinned. Diffs between versions are computed in
-:mod:`manifests.diff`; verified local copies of artifacts come from
+decides whether a version is pinned (:mod:`manifests.pins`). Diffs between versions
+are computed in :mod:`manifests.diff`; verified local copies of artifacts come from
 :mod:`manifests.artifacts`.
 """
 
@@ -72,13 +72,10 @@ log = logging.getLogger("vidlake.manifests")
 
 SNAPSHOT_JSON = "snapshot.json"
 _REGISTRY_PREFIX = "manifests/"
-_PINS_PREFIX = "pins/"
 _VERSION_KEY = re.compile(r"^manifests/v(\d{6,})\.json$")
-_PIN_KEY = re.compile(r"^pins/v(\d{6,})/e(\d{6,})\.json$")
 _ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # Keys publish() computes; a caller's values for them are replaced.
 _SET_BY_PUBLISH = frozenset({"version", "parent", "artifacts", "patch_of"})
-_PIN_RETRIES = 32
 
 
 def canonical_json(value: Any) -> bytes:
@@ -493,40 +490,27 @@ class Registry:
     # -- pins ---------------------------------------------------------------------
     def pin(self, version: int, reason: str, by: str | None = None) -> Pin:
         """Pin ``version`` so a garbage collector keeps every object it references."""
-        if not isinstance(reason, str) or not reason.strip():
-            raise InvalidInput("a pin needs a non-empty reason", field="reason")
-        self.entry(version)  # NotFound if absent
-        event = self._append_pin_event(version, "pin", reason, by)
-        return Pin(version=version, reason=event.reason, by=event.by, at=event.at)
+        from manifests.pins import pin_version
+
+        return pin_version(self, version, reason, by)
 
     def unpin(self, version: int, *, by: str | None = None, reason: str | None = None) -> bool:
         """Unpin ``version``; False (and nothing written) when it was not pinned."""
-        self.entry(version)
-        current = self._last_pin_event(version)
-        if current is None or current.action != "pin":
-            return False
-        self._append_pin_event(version, "unpin", reason, by)
-        return True
+        from manifests.pins import unpin_version
+
+        return unpin_version(self, version, by=by, reason=reason)
 
     def pins(self) -> builtins.list[Pin]:
         """The versions pinned now, ascending."""
-        last: dict[int, tuple[int, str]] = {}
-        for key in self.store.list_keys(_PINS_PREFIX):
-            match = _PIN_KEY.match(key)
-            if match:
-                version, seq = int(match.group(1)), int(match.group(2))
-                if version not in last or seq > last[version][0]:
-                    last[version] = (seq, key)
-        pinned = []
-        for version in sorted(last):
-            event = self._read_pin_event(last[version][1])
-            if event.action == "pin":
-                pinned.append(Pin(version=version, reason=event.reason, by=event.by, at=event.at))
-        return pinned
+        from manifests.pins import pinned_versions
+
+        return pinned_versions(self.store)
 
     def pin_history(self, version: int) -> builtins.list[PinEvent]:
         """Every pin and unpin of ``version``, oldest first."""
-        return [self._read_pin_event(k) for k in self._pin_keys(version)]
+        from manifests.pins import pin_history
+
+        return pin_history(self.store, version)
 
     def protected_objects(self) -> set[str]:
         """SHA-256 of every object a pinned version references: its artifacts,
@@ -547,49 +531,3 @@ class Registry:
                 for column in read_columns(path, ["object_sha256", "text_embedding_sha256"]):
                     protected.update(pc.unique(column).to_pylist())
         return protected
-
-    def _pin_keys(self, version: int) -> builtins.list[str]:
-        keyed = []
-        for key in self.store.list_keys(f"{_PINS_PREFIX}v{version:06d}/"):
-            match = _PIN_KEY.match(key)
-            if match and int(match.group(1)) == version:
-                keyed.append((int(match.group(2)), key))
-        return [key for _, key in sorted(keyed)]
-
-    def _last_pin_event(self, version: int) -> PinEvent | None:
-        keys = self._pin_keys(version)
-        return self._read_pin_event(keys[-1]) if keys else None
-
-    def _read_pin_event(self, key: str) -> PinEvent:
-        try:
-            return PinEvent.model_validate_json(self.store.get_key(key))
-        except ValidationError as exc:
-            raise IntegrityError(f"pin event {key} is malformed: {exc}", key=key) from exc
-
-    def _append_pin_event(
-        self, version: int, action: Literal["pin", "unpin"], reason: str | None, by: str | None
-    ) -> PinEvent:
-        # Sequence numbers, claimed by create-only keys, give the log one total order
-        # that no clock skew between hosts can reorder.
-        for _ in range(_PIN_RETRIES):
-            keys = self._pin_keys(version)
-            seq = int(_PIN_KEY.match(keys[-1]).group(2)) + 1 if keys else 1  # type: ignore[union-attr]
-            event = PinEvent(
-                version=version,
-                seq=seq,
-                action=action,
-                reason=reason,
-                by=by,
-                at=datetime.now(UTC).isoformat(timespec="microseconds"),
-            )
-            key = f"{_PINS_PREFIX}v{version:06d}/e{seq:06d}.json"
-            try:
-                self.store.put_key(key, canonical_json(event.model_dump()))
-            except Conflict:
-                continue
-            log.info("%s version %d by %s: %s", action, version, by, reason)
-            return event
-        raise Conflict(
-            f"could not append a pin event to version {version}: too much contention",
-            version=version,
-        )
