@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from catalog.objects import object_key, open_store
 from loader.dataset import SnapshotDataset
-from tests.loader.synth import write_big_snapshot, write_snapshot
+from manifests.synthetic import write_big_snapshot, write_snapshot
 
 MiB = 1 << 20
 

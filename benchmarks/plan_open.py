@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -78,11 +77,14 @@ def _parquet_rank(path: str) -> dict[str, float]:
 
 
 def _to_parquet(arrow_path: Path, parquet_path: Path) -> None:
-    with pa.memory_map(str(arrow_path)) as mm:
-        reader = pa.ipc.open_file(mm)
-        with pq.ParquetWriter(str(parquet_path), reader.schema) as writer:
-            for b in range(reader.num_record_batches):
-                writer.write_batch(reader.get_batch(b))
+    from manifests.ipc import open_mapped
+
+    with (
+        open_mapped(arrow_path) as plan,
+        pq.ParquetWriter(str(parquet_path), plan.schema) as writer,
+    ):
+        for b in range(plan.num_batches):
+            writer.write_batch(plan.batch(b))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
         args.rows, args.ranks = 100_000_000, 8
 
     from loader.plan import open_plan
-    from tests.loader.synth import write_big_snapshot
+    from manifests.synthetic import write_big_snapshot
 
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         work = Path(tmp)

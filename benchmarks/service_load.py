@@ -58,7 +58,8 @@ def seed(home: Path, clips: int, steps: int, batch: int) -> dict[str, Any]:
     """Fill an embedded catalog and publish one snapshot over every train clip."""
     from catalog.catalog import VidlakeCatalog
     from catalog.config import CatalogConfig
-    from loader.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
+    from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
+    from manifests.ipc import write_table
     from manifests.registry import Registry, canonical_json
 
     catalog = VidlakeCatalog.open(CatalogConfig.embedded(home))
@@ -121,7 +122,7 @@ def seed(home: Path, clips: int, steps: int, batch: int) -> dict[str, Any]:
         },
         schema=INDEX_SCHEMA,
     )
-    _write_ipc(work / "index.arrow", index)
+    write_table(work / "index.arrow", index)
     plan_rows = np.concatenate([rng.permutation(n) for _ in range(steps * batch // n + 1)])
     plan_rows = plan_rows[: steps * batch].reshape(steps, batch)
     offsets = np.arange(0, steps * batch + 1, batch, dtype=np.int32)
@@ -136,7 +137,7 @@ def seed(home: Path, clips: int, steps: int, batch: int) -> dict[str, Any]:
         },
         schema=PLAN_SCHEMA,
     )
-    _write_ipc(work / "plan.arrow", plan)
+    write_table(work / "plan.arrow", plan)
     flat = plan_rows.ravel()
     order = np.argsort(flat, kind="stable")
     counts = np.bincount(flat, minlength=n)
@@ -149,7 +150,7 @@ def seed(home: Path, clips: int, steps: int, batch: int) -> dict[str, Any]:
             "steps": pa.LargeListArray.from_arrays(pa.array(lin_offsets), pa.array(step_of)),
         }
     )
-    _write_ipc(work / "lineage.arrow", lineage)
+    write_table(work / "lineage.arrow", lineage)
     # The columns a real cut's manifest carries for step summaries.
     source_of = {a: i % 7 for i, a in enumerate(asset_ids)}
     manifest = (
@@ -186,11 +187,6 @@ def seed(home: Path, clips: int, steps: int, batch: int) -> dict[str, Any]:
     )
     catalog.close()
     return {"version": record.version, "clips": clip_ids, "num_steps": steps}
-
-
-def _write_ipc(path: Path, table: pa.Table) -> None:
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=1 << 20)
 
 
 # -- server ----------------------------------------------------------------------------

@@ -55,6 +55,7 @@ import pyarrow.compute as pc
 from catalog.errors import ChecksumMismatch
 from catalog.hashing import is_sha256
 from catalog.objects.refs import ObjectRef, RefStore, get_ref, list_failed, put_ref
+from catalog.reads import one_of
 from interop.sources import RangeSource, open_range_source
 from interop.tar_index import TarIndex, index_tar
 from interop.tar_manifest import (
@@ -432,12 +433,10 @@ def _quarantine(
     already; return how many were newly quarantined."""
     if not asset_ids:
         return 0
-    from pyiceberg.expressions import In
-
     have = catalog.scan(
         "assets",
         columns=["asset_id"],
-        row_filter=In(term="asset_id", literals=tuple(sorted(set(asset_ids)))),
+        row_filter=one_of("asset_id", sorted(set(asset_ids))),
         include_eval=True,
     )
     ids = sorted(set(have["asset_id"].to_pylist()))
@@ -468,12 +467,10 @@ def _quarantine(
 
 def _assets_in(catalog: VidlakeCatalog, shard_shas: Sequence[str]) -> list[str]:
     """Assets whose latents point into any of ``shard_shas``."""
-    from pyiceberg.expressions import In
-
     lat = catalog.scan(
         "latents",
         columns=["clip_id"],
-        row_filter=In(term="object_sha256", literals=tuple(shard_shas)),
+        row_filter=one_of("object_sha256", shard_shas),
         include_eval=True,
     )
     if lat.num_rows == 0:

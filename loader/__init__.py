@@ -1,7 +1,7 @@
 """The training-side client: mmap'd plans, rank slices, a shared verified node cache.
 
 Installs with ``pip install 'vidlake[loader]'`` and never imports FastAPI, DuckDB or
-pyiceberg. Names are imported lazily so that ``loader.format`` costs no torch import.
+pyiceberg. Names are imported lazily so that importing one module costs no torch import.
 """
 
 from __future__ import annotations

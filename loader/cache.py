@@ -26,7 +26,14 @@ How it stays correct (docs/cache.md has the long version):
 * **Dead processes.** Leases and downloads carry the owner's pid, its start time (from
   ``/proc/<pid>/stat``, so that a reused pid does not look alive) and its pid
   namespace; opening the cache reclaims what dead owners left. Rows from an earlier
-  boot are all dead.
+  boot are all dead (process identities: :mod:`loader.owners`; the SQLite schema:
+  :mod:`loader.cache_schema`).
+
+Why this module is over 500 lines: :class:`NodeCache` is one class whose lease,
+download, reclaim and maintenance paths each run write transactions on the same rows
+and rely on the invariants above together (a reservation, an eviction and a lease
+must see one another inside one transaction); split across modules, each path would
+hide from the others which rows it holds and when.
 """
 
 from __future__ import annotations
@@ -43,12 +50,13 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from catalog.errors import CacheError, CacheFull, ChecksumMismatch, InvalidInput
 from catalog.hashing import require_sha256, sha256_file
+from loader.cache_schema import EVICTABLE, LEASED_BYTES, SCHEMA, SCHEMA_VERSION, STATS
+from loader.owners import Proc, boot_id, current_process, is_alive
 
 __all__ = ["DEFAULT_RESERVE_BYTES", "DiskFree", "Fetch", "NodeCache", "disk_free"]
 
@@ -61,134 +69,17 @@ Fetch = Callable[[Path], object]
 #: A function giving the bytes free for the cache on the filesystem holding a path.
 DiskFree = Callable[[Path], int]
 
-_SCHEMA_VERSION = "1"
 _BUSY_TIMEOUT_S = 60.0
 _POLL_MIN_S, _POLL_MAX_S = 0.001, 0.05
 _FINGERPRINTS_MAX = 100_000
 # Errnos that mean "the disk (or the quota) is full", however a fetch reports them.
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-_STATS = (
-    "entries",
-    "bytes",
-    "reserved",
-    "hits",
-    "misses",
-    "bytes_downloaded",
-    "evictions",
-    "corrupt_refetches",
-    "reclaimed",
-)
 
-
-def _trigger(event: str, when: str, terms: tuple[tuple[str, str], ...]) -> str:
-    """A trigger that keeps the entry and byte totals in ``stats`` exact, so that no
-    reservation needs a SUM over every row."""
-    body = [
-        f"UPDATE stats SET value = value {sign} CASE WHEN {row}.state = '{state}'"
-        f" THEN {value} ELSE 0 END WHERE name = '{stat}';"
-        for sign, row in terms
-        for stat, value, state in (
-            ("entries", "1", "ready"),
-            ("bytes", f"{row}.size", "ready"),
-            ("reserved", f"{row}.size", "downloading"),
-        )
-    ]
-    return (
-        f"CREATE TRIGGER IF NOT EXISTS entries_{event} AFTER {when} ON entries "
-        f"BEGIN {' '.join(body)} END"
-    )
-
-
-_SCHEMA = [
-    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS stats (name TEXT PRIMARY KEY, value INTEGER NOT NULL)",
-    """CREATE TABLE IF NOT EXISTS entries (
-        sha256 TEXT PRIMARY KEY, size INTEGER NOT NULL,
-        state TEXT NOT NULL CHECK (state IN ('downloading', 'ready')),
-        gen TEXT NOT NULL, pid INTEGER, pid_start INTEGER, pid_ns INTEGER,
-        last_access INTEGER NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS entries_lru ON entries (state, last_access)",
-    """CREATE TABLE IF NOT EXISTS leases (
-        id INTEGER PRIMARY KEY, sha256 TEXT NOT NULL, pid INTEGER NOT NULL,
-        pid_start INTEGER NOT NULL, pid_ns INTEGER NOT NULL, at INTEGER NOT NULL)""",
-    "CREATE INDEX IF NOT EXISTS leases_key ON leases (sha256)",
-    _trigger("insert", "INSERT", (("+", "NEW"),)),
-    _trigger("delete", "DELETE", (("-", "OLD"),)),
-    # Only state and size move the totals; hits update last_access and skip this.
-    _trigger("update", "UPDATE OF state, size", (("-", "OLD"), ("+", "NEW"))),
-]
-_EVICTABLE = """SELECT sha256, size FROM entries AS e WHERE state = 'ready'
-    AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.sha256 = e.sha256) ORDER BY last_access"""
-# Ready bytes under a lease: walks the (few) leases, not the (many) entries.
-_LEASED_BYTES = """SELECT COALESCE(SUM(e.size), 0) FROM (SELECT DISTINCT sha256 FROM leases) AS l
-    JOIN entries AS e ON e.sha256 = l.sha256 WHERE e.state = 'ready'"""
 
 # Connections inherited through fork() must never be used or closed in the child (SQLite
 # forbids it; closing could even drop the parent's WAL): they are parked here for good.
 _INHERITED: list[sqlite3.Connection] = []
 _INSTANCES: weakref.WeakSet[NodeCache] = weakref.WeakSet()
-
-
-@dataclass(frozen=True)
-class _Proc:
-    """A process identity that survives pid reuse: pid, start time, pid namespace."""
-
-    pid: int
-    start: int
-    ns: int
-
-
-_HAS_PROC = os.path.exists("/proc/self/stat")
-
-
-def _proc_stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, start time in clock ticks) of a live process; None when absent."""
-    try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = data[data.rindex(b")") + 2 :].split()
-    return fields[0].decode(), int(fields[19])
-
-
-def _me() -> _Proc:
-    pid = os.getpid()
-    if not _HAS_PROC:
-        return _Proc(pid, 0, 0)
-    stat = _proc_stat(pid)
-    try:
-        ns = os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        ns = 0
-    return _Proc(pid, stat[1] if stat else 0, ns)
-
-
-def _alive(owner: _Proc, me: _Proc) -> bool:
-    if owner.ns != me.ns:
-        # Another pid namespace (container): its pids mean nothing here, so never
-        # reclaim its rows (a reboot does). docs/cache.md says to share a namespace.
-        return True
-    if owner.pid == me.pid:
-        return owner.start == me.start
-    if _HAS_PROC:
-        stat = _proc_stat(owner.pid)
-        # A zombie (killed, not yet reaped) holds nothing any more.
-        return stat is not None and stat[0] not in ("Z", "X") and stat[1] == owner.start
-    try:
-        os.kill(owner.pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
 
 
 def disk_free(path: Path) -> int:
@@ -314,7 +205,7 @@ class NodeCache:
         self._open_lock = threading.Lock()
         self._verified: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._opened_pid: int | None = None
-        self._proc = _Proc(0, 0, 0)
+        self._proc = Proc(0, 0, 0)
 
     # -- pickling: configuration only; the child reopens lazily ------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -444,7 +335,7 @@ class NodeCache:
                     " WHERE sha256 = ? AND state = 'downloading'",
                     (key,),
                 ).fetchone()
-            if row is None or not _alive(_Proc(*row), self._proc):
+            if row is None or not is_alive(Proc(*row), self._proc):
                 return
             if timeout is not None and time.monotonic() - started > timeout:
                 raise CacheError(
@@ -486,7 +377,7 @@ class NodeCache:
                 lease_id = self._insert_lease(db, key, now)
                 _bump(db, hits=1)
                 return "hit", lease_id, gen
-            if _alive(_Proc(*row[3:]), self._proc):
+            if is_alive(Proc(*row[3:]), self._proc):
                 return "wait", 0, gen
             self._discard_download(db, key, gen)
             _bump(db, reclaimed=1)
@@ -505,7 +396,7 @@ class NodeCache:
         freed = 0
         need = max(over_budget, short_disk)
         if need > 0:
-            cur = db.execute(_EVICTABLE)
+            cur = db.execute(EVICTABLE)
             for sha, sz in cur:
                 victims.append((sha, sz))
                 freed += sz
@@ -555,7 +446,7 @@ class NodeCache:
     def _full(self, reason: str, db: sqlite3.Connection, needed: int, **more: object) -> CacheFull:
         totals = _totals(db)
         used = totals["bytes"] + totals["reserved"]
-        leased = db.execute(_LEASED_BYTES).fetchone()[0] + totals["reserved"]
+        leased = db.execute(LEASED_BYTES).fetchone()[0] + totals["reserved"]
         why = {
             "too_large": "the object is larger than the whole budget",
             "leased": "every other entry is leased or still downloading",
@@ -735,7 +626,7 @@ class NodeCache:
         with self._tx(read=True) as db:
             totals = _totals(db)
             leases = db.execute("SELECT COUNT(*) FROM leases").fetchone()[0]
-            leased = db.execute(_LEASED_BYTES).fetchone()[0] + totals["reserved"]
+            leased = db.execute(LEASED_BYTES).fetchone()[0] + totals["reserved"]
         return {
             "root": str(self.root),
             "budget_bytes": self.budget_bytes,
@@ -801,7 +692,7 @@ class NodeCache:
             excess = totals["bytes"] + totals["reserved"] - target
             victims: list[tuple[str, int]] = []
             if excess > 0:
-                cur = db.execute(_EVICTABLE)
+                cur = db.execute(EVICTABLE)
                 for sha, sz in cur:
                     if freed >= excess:
                         break
@@ -855,18 +746,18 @@ class NodeCache:
             )
         self._objects.mkdir(parents=True, exist_ok=True)
         self._tmp.mkdir(exist_ok=True)
-        self._proc = _me()
+        self._proc = current_process()
         with self._tx() as db:
-            for statement in _SCHEMA:
+            for statement in SCHEMA:
                 db.execute(statement)
             db.executemany(
-                "INSERT OR IGNORE INTO stats (name, value) VALUES (?, 0)", [(n,) for n in _STATS]
+                "INSERT OR IGNORE INTO stats (name, value) VALUES (?, 0)", [(n,) for n in STATS]
             )
             meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
-            if meta.get("schema", _SCHEMA_VERSION) != _SCHEMA_VERSION:
+            if meta.get("schema", SCHEMA_VERSION) != SCHEMA_VERSION:
                 raise CacheError(
                     f"node cache {self.root} has schema {meta['schema']}, "
-                    f"this code reads {_SCHEMA_VERSION}",
+                    f"this code reads {SCHEMA_VERSION}",
                     root=str(self.root),
                 )
             if "budget_bytes" not in meta:
@@ -874,9 +765,9 @@ class NodeCache:
                 db.executemany(
                     "INSERT INTO meta (key, value) VALUES (?, ?)",
                     [
-                        ("schema", _SCHEMA_VERSION),
+                        ("schema", SCHEMA_VERSION),
                         ("budget_bytes", str(self._requested_budget)),
-                        ("boot_id", _boot_id()),
+                        ("boot_id", boot_id()),
                     ],
                 )
                 meta["budget_bytes"] = str(self._requested_budget)
@@ -899,7 +790,7 @@ class NodeCache:
 
     def _reclaim(self, db: sqlite3.Connection, stored_boot: str | None) -> int:
         """Delete leases and downloads of dead processes, and stray temp folders."""
-        boot = _boot_id()
+        boot = boot_id()
         if stored_boot is not None and boot and stored_boot != boot:
             # The machine rebooted: nobody from before can hold anything.
             dead = {tuple(r) for r in db.execute("SELECT pid, pid_start, pid_ns FROM leases")}
@@ -915,7 +806,7 @@ class NodeCache:
                 "SELECT pid, pid_start, pid_ns FROM leases UNION SELECT pid, pid_start, pid_ns"
                 " FROM entries WHERE state = 'downloading'"
             ).fetchall()
-            dead = {tuple(o) for o in owners if not _alive(_Proc(*o), self._proc)}
+            dead = {tuple(o) for o in owners if not is_alive(Proc(*o), self._proc)}
         n = 0
         for owner in dead:
             n += db.execute(

@@ -24,23 +24,20 @@ joins the threads.
 from __future__ import annotations
 
 import collections
-import math
 import os
-import threading
-import weakref
 from collections.abc import Generator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 from filelock import FileLock
 from numpy.typing import NDArray
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from catalog.errors import IntegrityError, InvalidInput
+from loader.batch import BatchBuffer, BufferPool, Step
 from loader.cache import NodeCache
 from loader.decode import (
     copy_into,
@@ -53,12 +50,8 @@ from loader.decode import (
 from loader.plan import PlanReader, StepInfo, open_plan
 from loader.source import SnapshotSource, open_source
 
-__all__ = ["RESERVED_KEYS", "SnapshotDataset", "StatefulLoader"]
+__all__ = ["SnapshotDataset", "StatefulLoader"]
 
-#: Keys of a batch that are not tensors from the latent (tensor keys may not use them).
-RESERVED_KEYS = frozenset(
-    {"clip_ids", "rows", "step", "phase", "bucket", "captions", "text_embeddings", "erased"}
-)
 
 _INDEX_COLUMNS = [
     "num_frames",
@@ -276,9 +269,9 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         plan = self.plan
         cache = self._node_cache()
         executor = ThreadPoolExecutor(self.prefetch_threads, thread_name_prefix="vidlake-prefetch")
-        # In the training process, recycle batch memory (see _BufferPool).
-        buffers = _BufferPool(keep=self.prefetch_steps + 3) if track else None
-        pending: collections.deque[_Step] = collections.deque()
+        # In the training process, recycle batch memory (see BufferPool).
+        buffers = BufferPool(keep=self.prefetch_steps + 3) if track else None
+        pending: collections.deque[Step] = collections.deque()
         todo = iter(steps)
 
         def top_up(depth: int) -> None:
@@ -305,11 +298,11 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
     def _submit(
         self,
         executor: ThreadPoolExecutor,
-        buffers: _BufferPool | None,
+        buffers: BufferPool | None,
         cache: NodeCache,
         plan: PlanReader,
         step: int,
-    ) -> _Step:
+    ) -> Step:
         info = plan.step_info(step)
         rows = plan.rows(step, self.rank, self.world_size)
         erased = 0
@@ -321,7 +314,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         table = plan.index_columns(rows, _INDEX_COLUMNS)
         records = table.to_pylist()
         variants = _caption_variants(records, rows, info)
-        buffer = _BatchBuffer(len(records), buffers)
+        buffer = BatchBuffer(len(records), buffers)
         latents = [
             executor.submit(self._load_latent, cache, rec, buffer, i)
             for i, rec in enumerate(records)
@@ -335,10 +328,10 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             rec["captions"][v] if v is not None else None
             for rec, v in zip(records, variants, strict=True)
         ]
-        return _Step(info, rows, table, captions, buffer, latents, embeds, erased)
+        return Step(info, rows, table, captions, buffer, latents, embeds, erased)
 
     def _load_latent(
-        self, cache: NodeCache, rec: dict[str, Any], buffer: _BatchBuffer, i: int
+        self, cache: NodeCache, rec: dict[str, Any], buffer: BatchBuffer, i: int
     ) -> dict[str, torch.Tensor] | None:
         """Fetch row ``i``'s latent and decode it into its row of the batch tensors.
 
@@ -367,7 +360,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             ) from exc
 
     def _read_latent(
-        self, cache: NodeCache, rec: dict[str, Any], buffer: _BatchBuffer, i: int
+        self, cache: NodeCache, rec: dict[str, Any], buffer: BatchBuffer, i: int
     ) -> dict[str, torch.Tensor] | None:
         src = self._open_source()
         obj, off, n, member = (
@@ -436,144 +429,6 @@ def _caption_variants(
         epoch = int(info.stream_epochs[stream]) if stream < len(info.stream_epochs) else 0
         out.append((epoch + row) % n if n else None)
     return out
-
-
-class _BufferPool:
-    """Recycles the memory of batch tensors that the consumer has let go of.
-
-    Writing into fresh pages costs a fault and a zeroing per 4 KiB, about as much as
-    the copy itself. Each batch tensor is a view of a pooled block; a finalizer on the
-    numpy array that backs the tensor's storage returns the block when the last tensor
-    (or view) using it is freed — in any thread. At most ``keep`` free blocks of each
-    size are kept. Only used in the training process: a DataLoader worker's tensors
-    move to shared memory anyway.
-    """
-
-    def __init__(self, keep: int) -> None:
-        self.keep = keep
-        self._free: dict[int, list[NDArray[np.uint8]]] = {}
-        self._lock = threading.Lock()
-
-    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        with self._lock:
-            blocks = self._free.get(nbytes)
-            block = blocks.pop() if blocks else None
-        if block is None:
-            block = np.empty(max(nbytes, 1), dtype=np.uint8)
-        view = block[:nbytes]  # a new array object: torch holds it, we watch it
-        weakref.finalize(view, self._give_back, block)
-        return torch.from_numpy(view).view(dtype).reshape(shape)
-
-    def _give_back(self, block: NDArray[np.uint8]) -> None:
-        with self._lock:
-            blocks = self._free.setdefault(len(block), [])
-            if len(blocks) < self.keep:
-                blocks.append(block)
-
-
-class _BatchBuffer:
-    """The batch tensors of one step, allocated when its first row arrives.
-
-    Rows of a step share a bucket, hence tensor names, dtypes and shapes; each fetch
-    thread writes its row in place. A row that does not fit is kept aside and makes
-    the step fail with an error naming both layouts.
-    """
-
-    def __init__(self, rows: int, pool: _BufferPool | None) -> None:
-        self.rows = rows
-        self.pool = pool
-        self.layout: dict[str, tuple[torch.dtype, tuple[int, ...]]] | None = None
-        self.tensors: dict[str, torch.Tensor] = {}
-        self._lock = threading.Lock()
-
-    def slots(
-        self, i: int, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]]
-    ) -> dict[str, torch.Tensor] | None:
-        """Row ``i`` of each batch tensor, or None when ``layout`` differs from the batch's."""
-        with self._lock:
-            if self.layout is None:
-                self.layout = layout
-                self.tensors = {
-                    k: self._empty((self.rows, *shape), dtype)
-                    for k, (dtype, shape) in layout.items()
-                }
-            elif layout != self.layout:
-                return None
-        return {k: t[i] for k, t in self.tensors.items()}
-
-    def _empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        if self.pool is None:
-            return torch.empty(shape, dtype=dtype)
-        return self.pool.empty(shape, dtype)
-
-
-class _Step:
-    """One step in flight: the plan's facts, its batch buffer and its rows' futures."""
-
-    def __init__(
-        self,
-        info: StepInfo,
-        rows: NDArray[np.int64],
-        table: pa.Table,
-        captions: list[str | None],
-        buffer: _BatchBuffer,
-        latents: list[Future[dict[str, torch.Tensor] | None]],
-        embeds: list[Future[Any] | None],
-        erased: int = 0,
-    ) -> None:
-        self.info = info
-        self.erased = erased
-        self.rows = rows
-        self.table = table
-        self.captions = captions
-        self.buffer = buffer
-        self.latents = latents
-        self.embeds = embeds
-
-    def cancel(self) -> None:
-        for f in [*self.latents, *self.embeds]:
-            if f is not None:
-                f.cancel()
-
-    def assemble(self) -> dict[str, Any]:
-        misfits = [(i, f.result()) for i, f in enumerate(self.latents)]
-        for i, tensors in misfits:
-            if tensors is not None:
-                found = {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()}
-                clip, obj = (self.table.column(c)[i].as_py() for c in ("clip_id", "object_sha256"))
-                raise IntegrityError(
-                    f"step {self.info.step}: clip {clip} (row {int(self.rows[i])}, object "
-                    f"{obj}) has tensors {found}, the rest of its bucket {self.buffer.layout}",
-                    step=self.info.step,
-                    row=int(self.rows[i]),
-                    clip_id=clip,
-                    object_sha256=obj,
-                )
-        batch: dict[str, Any] = {}
-        for key, tensor in self.buffer.tensors.items():
-            if key in RESERVED_KEYS:
-                raise IntegrityError(f"tensor key {key!r} collides with a reserved batch key")
-            batch[key] = tensor
-        batch["clip_ids"] = self.table.column("clip_id").to_pylist()
-        batch["rows"] = torch.from_numpy(self.rows.copy())
-        batch["step"] = self.info.step
-        batch["phase"] = self.info.phase
-        batch["bucket"] = self.info.bucket
-        batch["captions"] = self.captions
-        batch["erased"] = self.erased
-        embeds = [f.result() if f is not None else None for f in self.embeds]
-        if any(e is not None for e in embeds):
-            batch["text_embeddings"] = _maybe_stack(embeds)
-        return batch
-
-
-def _maybe_stack(items: list[Any]) -> Any:
-    """Stack embeddings when every row has one of one shape; else the list as is."""
-    tensors = all(isinstance(t, torch.Tensor) for t in items)
-    if tensors and len({tuple(t.shape) for t in items}) == 1:
-        return torch.stack(items)
-    return items
 
 
 class StatefulLoader:

@@ -3,13 +3,15 @@
 :func:`open_plan` resolves ``version`` through a :class:`~loader.source.SnapshotSource`
 to ``snapshot.json``, and makes sure ``plan.arrow`` and ``index.arrow`` sit verified in
 ``cache_dir``. One process per node does the download, under a file lock that the
-others wait on; files are written to a temp name, hashed against ``snapshot.json`` and
-only then renamed into place, so a file under its final name is always verified.
+others wait on; files go through :class:`manifests.artifacts.ArtifactCache` (temp name,
+hashed against ``snapshot.json``, only then renamed into place), so a file under its
+final name is always verified. ``snapshot.json`` and erasure marks are checked by
+:mod:`loader.snapshot`.
 
-Every process then memory-maps both files (``pyarrow.memory_map`` + the IPC file
-reader). Nothing is copied: :meth:`PlanReader.rows` returns a read-only numpy view into
-the mapped ``rows`` buffer, so resident memory grows with the steps a rank touches, not
-with the plan's size.
+Every process then memory-maps both files (:class:`loader.mapped.MappedFile`, over
+:mod:`manifests.ipc`). Nothing is copied: :meth:`PlanReader.rows` returns a read-only
+numpy view into the mapped ``rows`` buffer, so resident memory grows with the steps a
+rank touches, not with the plan's size.
 
 Locating a step is O(1) when the plan's record batches hold a fixed number of steps
 (all but the last; the materializer's chunks do while the global batch is constant):
@@ -33,8 +35,6 @@ import contextlib
 import json
 import math
 import os
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,14 +44,28 @@ import pyarrow as pa
 from filelock import FileLock
 from numpy.typing import NDArray
 
-from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput
-from catalog.hashing import require_sha256, sha256_bytes, sha256_file
-from loader.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA, SNAPSHOT_REQUIRED_KEYS
+from catalog.atomic import write_bytes
+from catalog.errors import IntegrityError, InvalidInput
+from catalog.hashing import sha256_bytes
+from loader.mapped import MappedFile, int_view, list_views
+from loader.snapshot import (
+    LOADER_ARTIFACTS,
+    effective_snapshot,
+    erasure_mark,
+    local_snapshot,
+    parse_snapshot,
+)
 from loader.source import SnapshotSource, open_source
+from manifests.artifacts import ArtifactCache
+from manifests.format import (
+    INDEX_NAME,
+    INDEX_SCHEMA,
+    PLAN_NAME,
+    PLAN_SCHEMA,
+)
+from manifests.ipc import iter_batches
 
 __all__ = ["PlanReader", "StepInfo", "open_plan"]
-
-_ARTIFACTS = {"plan": "plan.arrow", "index": "index.arrow"}
 
 
 @dataclass(frozen=True)
@@ -71,115 +85,6 @@ class StepInfo:
     def original_batch_size(self) -> int:
         """The batch size the plan was cut with; world sizes must divide it."""
         return self.batch_size + self.skipped
-
-
-def _int_view(arr: pa.Array, dtype: type[np.generic]) -> NDArray[Any]:
-    """A zero-copy numpy view of a fixed-width, null-free Arrow array."""
-    buf = arr.buffers()[1]
-    if buf is None or len(arr) == 0:
-        return np.empty(0, dtype=dtype)
-    return np.frombuffer(
-        buf, dtype=dtype, count=len(arr), offset=arr.offset * np.dtype(dtype).itemsize
-    )
-
-
-def _list_views(arr: pa.Array, dtype: type[np.generic]) -> tuple[NDArray[np.int32], NDArray[Any]]:
-    """Zero-copy (offsets, values) of a ``list<fixed width>`` array."""
-    offsets = np.frombuffer(
-        arr.buffers()[1], dtype=np.int32, count=len(arr) + 1, offset=arr.offset * 4
-    )
-    return offsets, _int_view(arr.values, dtype)
-
-
-class _MappedFile:
-    """An Arrow IPC file mapped into memory, located by a 0..n-1 key column."""
-
-    def __init__(self, path: Path, schema: pa.Schema, key: str, what: str) -> None:
-        self.path = path
-        self.key = key
-        self.what = what
-        self._last: tuple[int, pa.RecordBatch] | None = None
-        self._offsets: NDArray[np.int64] | None = None
-        self._stride = 1
-        self.length = 0
-        self._mm = pa.memory_map(str(path), "r")
-        try:
-            self._reader = pa.ipc.open_file(self._mm)
-            found = self._reader.schema
-            if not found.remove_metadata().equals(schema.remove_metadata()):
-                raise IntegrityError(
-                    f"{what} at {path} has schema {found}, expected {schema}", path=str(path)
-                )
-            self.num_batches = self._reader.num_record_batches
-            if self.num_batches:
-                # Read through a short-lived private mapping: this rank may never use
-                # the first and last batches, so their pages need not stay resident.
-                with pa.memory_map(str(path), "r") as mm:
-                    reader = pa.ipc.open_file(mm)
-                    first = reader.get_batch(0).num_rows
-                    last = reader.get_batch(self.num_batches - 1).num_rows
-                self._stride = max(first, 1)
-                # Assumes equal batches; locate() confirms each hit on the key column.
-                self.length = (self.num_batches - 1) * first + last
-        except BaseException:
-            self._mm.close()
-            raise
-
-    def close(self) -> None:
-        self._last = None
-        self._mm.close()
-
-    def batch(self, b: int) -> pa.RecordBatch:
-        last = self._last
-        if last is not None and last[0] == b:
-            return last[1]
-        batch = self._reader.get_batch(b)
-        self._last = (b, batch)
-        return batch
-
-    def scan(self) -> Iterator[pa.RecordBatch]:
-        """Every record batch, read through a private, short-lived mapping.
-
-        Whole-file passes touch every page; doing them on a mapping that is unmapped
-        right after keeps those pages out of this process's resident set.
-        """
-        with pa.memory_map(str(self.path), "r") as mm:
-            reader = pa.ipc.open_file(mm)
-            for b in range(reader.num_record_batches):
-                yield reader.get_batch(b)
-
-    def build_offsets(self) -> None:
-        """Start offsets of every batch: the fallback for unevenly sized batches."""
-        if self._offsets is not None:
-            return
-        sizes = [batch.num_rows for batch in self.scan()]
-        self._offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
-        self.length = int(self._offsets[-1])
-
-    def split(self, keys: NDArray[np.int64]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """(batch index, position in batch) for each key, assuming the current layout."""
-        if self._offsets is None:
-            b = keys // self._stride
-            return b, keys - b * self._stride
-        b = np.searchsorted(self._offsets, keys, side="right").astype(np.int64) - 1
-        return b, keys - self._offsets[b]
-
-    def locate(self, k: int) -> tuple[pa.RecordBatch, int]:
-        """The batch holding key ``k`` and its position there, checked on the key column."""
-        for _ in range(2):
-            bs, pos = self.split(np.array([k], dtype=np.int64))
-            b, p = int(bs[0]), int(pos[0])
-            if 0 <= b < self.num_batches:
-                batch = self.batch(b)
-                if p < batch.num_rows and _int_view(batch.column(self.key), np.int64)[p] == k:
-                    return batch, p
-            if self._offsets is not None:
-                break
-            self.build_offsets()
-        raise IntegrityError(
-            f"{self.what} at {self.path}: {self.key} {k} is not where the file says it is",
-            path=str(self.path),
-        )
 
 
 class PlanReader:
@@ -213,16 +118,16 @@ class PlanReader:
         self.index_sha256: str = snapshot["artifacts"]["index.arrow"]["sha256"]
         self.plan_path = plan_path
         self.index_path = index_path
-        self._plan_file: _MappedFile | None = None
-        self._index_file: _MappedFile | None = None
+        self._plan_file: MappedFile | None = None
+        self._index_file: MappedFile | None = None
         self._allowed: list[int] | None = None
         self._open()
 
     # -- lifecycle ---------------------------------------------------------------------
     def _open(self) -> None:
-        self._plan_file = _MappedFile(self.plan_path, PLAN_SCHEMA, "step", "plan.arrow")
+        self._plan_file = MappedFile(self.plan_path, PLAN_SCHEMA, "step", "plan.arrow")
         try:
-            self._index_file = _MappedFile(self.index_path, INDEX_SCHEMA, "row", "index.arrow")
+            self._index_file = MappedFile(self.index_path, INDEX_SCHEMA, "row", "index.arrow")
         except BaseException:
             self._plan_file.close()
             raise
@@ -238,14 +143,14 @@ class PlanReader:
             )
 
     @property
-    def _plan(self) -> _MappedFile:
+    def _plan(self) -> MappedFile:
         if self._plan_file is None:
             self._open()
         assert self._plan_file is not None
         return self._plan_file
 
     @property
-    def _index(self) -> _MappedFile:
+    def _index(self) -> MappedFile:
         if self._index_file is None:
             self._open()
         assert self._index_file is not None
@@ -289,20 +194,20 @@ class PlanReader:
     def _step_rows(self, step: int) -> tuple[pa.RecordBatch, int, NDArray[np.int64]]:
         self._check_step(step)
         batch, p = self._plan.locate(step)
-        offsets, values = _list_views(batch.column("rows"), np.int64)
+        offsets, values = list_views(batch.column("rows"), np.int64)
         return batch, p, values[offsets[p] : offsets[p + 1]]
 
     def step_info(self, step: int) -> StepInfo:
         """Phase, bucket, stream epochs and batch size of global step ``step``."""
         batch, p, rows = self._step_rows(step)
-        eo, ev = _list_views(batch.column("stream_epochs"), np.int32)
+        eo, ev = list_views(batch.column("stream_epochs"), np.int32)
         return StepInfo(
             step=step,
-            phase=int(_int_view(batch.column("phase"), np.int32)[p]),
-            bucket=int(_int_view(batch.column("bucket"), np.int32)[p]),
+            phase=int(int_view(batch.column("phase"), np.int32)[p]),
+            bucket=int(int_view(batch.column("bucket"), np.int32)[p]),
             stream_epochs=ev[eo[p] : eo[p + 1]],
             batch_size=len(rows),
-            skipped=int(_int_view(batch.column("skipped"), np.int32)[p]),
+            skipped=int(int_view(batch.column("skipped"), np.int32)[p]),
         )
 
     def global_rows(self, step: int) -> NDArray[np.int64]:
@@ -325,7 +230,7 @@ class PlanReader:
                 f"rank {rank} is not in 0..{world_size - 1}", rank=rank, world_size=world_size
             )
         batch, p, rows = self._step_rows(step)
-        original = len(rows) + int(_int_view(batch.column("skipped"), np.int32)[p])
+        original = len(rows) + int(int_view(batch.column("skipped"), np.int32)[p])
         if original % world_size:
             self.check_world_size(world_size)  # names every allowed size
             raise InvalidInput(  # pragma: no cover - check_world_size raised already
@@ -391,7 +296,7 @@ class PlanReader:
         )
 
     @staticmethod
-    def _gather(index: _MappedFile, keys: NDArray[np.int64], names: list[str]) -> pa.Table:
+    def _gather(index: MappedFile, keys: NDArray[np.int64], names: list[str]) -> pa.Table:
         schema = pa.schema([INDEX_SCHEMA.field(n) for n in names])
         if not len(keys):
             return schema.empty_table()
@@ -439,18 +344,16 @@ def _batch_gcd(plan_path: Path, plan_sha256: str) -> int:
     except (FileNotFoundError, ValueError, AttributeError):
         pass
     g = 0
-    with pa.memory_map(str(plan_path), "r") as mm:  # private mapping: pages leave with it
-        reader = pa.ipc.open_file(mm)
-        for b in range(reader.num_record_batches):
-            batch = reader.get_batch(b)
-            offsets, _ = _list_views(batch.column("rows"), np.int64)
-            sizes = np.diff(offsets).astype(np.int64)
-            sizes += _int_view(batch.column("skipped"), np.int32)
-            if len(sizes):
-                g = math.gcd(g, int(np.gcd.reduce(sizes)))
-            del offsets, sizes, batch  # nothing may pin the mapping
+    # A private mapping: its pages leave with it.
+    for batch in iter_batches(plan_path, what="plan.arrow"):
+        offsets, _ = list_views(batch.column("rows"), np.int64)
+        sizes = np.diff(offsets).astype(np.int64)
+        sizes += int_view(batch.column("skipped"), np.int32)
+        if len(sizes):
+            g = math.gcd(g, int(np.gcd.reduce(sizes)))
+        del offsets, sizes, batch  # nothing may pin the mapping
     with contextlib.suppress(OSError):  # a read-only cache dir still works, just slower
-        _write_atomic(side, json.dumps({"plan_sha256": plan_sha256, "batch_gcd": g}).encode())
+        write_bytes(side, json.dumps({"plan_sha256": plan_sha256, "batch_gcd": g}).encode())
     return g
 
 
@@ -462,87 +365,36 @@ def _divisors(n: int) -> list[int]:
 
 
 # -- opening ---------------------------------------------------------------------------
-def _parse_snapshot(data: bytes, version: int) -> dict[str, Any]:
-    try:
-        doc = json.loads(data)
-    except ValueError as exc:
-        raise IntegrityError(f"snapshot.json of version {version} is not JSON: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise IntegrityError(f"snapshot.json of version {version} is not an object")
-    missing = sorted(SNAPSHOT_REQUIRED_KEYS - doc.keys())
-    if missing:
-        raise IntegrityError(f"snapshot.json of version {version} lacks {missing}", missing=missing)
-    if int(doc["format"]) != FORMAT_VERSION:
-        raise IntegrityError(
-            f"snapshot {version} has format {doc['format']}; this loader reads {FORMAT_VERSION}",
-            format=doc["format"],
-        )
-    if int(doc["version"]) != version:
-        raise IntegrityError(f"asked for version {version}, snapshot.json says {doc['version']}")
-    for name in _ARTIFACTS.values():
-        entry = doc["artifacts"].get(name)
-        if not isinstance(entry, dict) or "sha256" not in entry or "size" not in entry:
-            raise IntegrityError(f"snapshot.json of version {version} does not list {name}")
-        require_sha256(entry["sha256"], f"artifacts.{name}.sha256")
-    return doc
+def _artifacts(cache_dir: Path) -> ArtifactCache:
+    # Ranks on a node share these files; one that has the right size was verified
+    # before it took its name, so the ranks do not re-hash a multi-GB plan.
+    return ArtifactCache(cache_dir / "artifacts", rehash=False)
 
 
-def _artifact_path(cache_dir: Path, sha256: str, kind: str) -> Path:
-    return cache_dir / "artifacts" / f"{sha256}.{kind}.arrow"
+def _ready(doc: dict[str, Any], cache: ArtifactCache) -> bool:
+    return all(
+        cache.ready(doc["artifacts"][name]["sha256"], int(doc["artifacts"][name]["size"]), name)
+        for name in LOADER_ARTIFACTS
+    )
 
 
-def _ready(doc: dict[str, Any], cache_dir: Path) -> bool:
-    for kind, name in _ARTIFACTS.items():
-        entry = doc["artifacts"][name]
-        path = _artifact_path(cache_dir, entry["sha256"], kind)
-        try:
-            if path.stat().st_size != int(entry["size"]):
-                return False
-        except FileNotFoundError:
-            return False
-    return True
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-
-
-def _download(source: SnapshotSource, version: int, doc: dict[str, Any], cache_dir: Path) -> None:
+def _download(
+    source: SnapshotSource, version: int, doc: dict[str, Any], cache: ArtifactCache
+) -> None:
     """Fetch missing artifacts into place: temp file, SHA-256 and size check, rename."""
-    for kind, name in _ARTIFACTS.items():
-        entry = doc["artifacts"][name]
-        sha, size = entry["sha256"], int(entry["size"])
-        final = _artifact_path(cache_dir, sha, kind)
-        if final.exists() and final.stat().st_size == size:
-            continue
-        tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex}.tmp")
-        try:
+    for name in LOADER_ARTIFACTS:
+        sha, size = doc["artifacts"][name]["sha256"], int(doc["artifacts"][name]["size"])
+
+        def fetch(tmp: Path, name: str = name, sha: str = sha) -> None:
             source.download_artifact(version, name, sha, tmp)
-            actual, actual_size = sha256_file(tmp)
-            if actual != sha or actual_size != size:
-                raise ChecksumMismatch(
-                    f"{name} of snapshot {version} from {source.url}: got {actual_size} bytes "
-                    f"hashing to {actual}, snapshot.json says {size} bytes, {sha}",
-                    sha256=sha,
-                    actual=actual,
-                    expected_size=size,
-                    actual_size=actual_size,
-                )
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+
+        cache.get(
+            sha, size, fetch, name=name, what=f"{name} of snapshot {version} from {source.url}"
+        )
+
+
+def _local_path(cache: ArtifactCache, doc: dict[str, Any], name: str) -> Path:
+    return cache.path(doc["artifacts"][name]["sha256"], name)
 
 
 def open_plan(
@@ -566,78 +418,38 @@ def open_plan(
     Raises:
         NotFound: the version is not published.
         ChecksumMismatch: a downloaded file does not match ``snapshot.json``.
-        IntegrityError: the files do not follow :mod:`loader.format`.
+        IntegrityError: the files do not follow :mod:`manifests.format`.
     """
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise InvalidInput(f"version must be a non-negative int, got {version!r}", version=version)
     root = Path(cache_dir)
+    cache = _artifacts(root)
     snap_path = root / "snapshots" / f"v{version:06d}.json"
     src = open_source(source)
-    mark = _erasure_mark(src, version)
-    local = _local_snapshot(snap_path, version)
-    if local is None or not _ready(_effective(local[1], mark), root):
+    mark = erasure_mark(src, version)
+    local = local_snapshot(snap_path, version)
+    if local is None or not _ready(effective_snapshot(local[1], mark), cache):
         (root / "snapshots").mkdir(parents=True, exist_ok=True)
         (root / "artifacts").mkdir(parents=True, exist_ok=True)
         with FileLock(str(snap_path.with_suffix(".lock")), timeout=lock_timeout_s):
             # Whoever held the lock before us may have done the work already.
-            local = _local_snapshot(snap_path, version)
+            local = local_snapshot(snap_path, version)
             if local is None:
                 data, _ = src.snapshot_bytes(version)
-                local = data, _parse_snapshot(data, version)
-                _write_atomic(snap_path, data)
-            if not _ready(_effective(local[1], mark), root):
-                _download(src, version, _effective(local[1], mark), root)
-                plan_sha = local[1]["artifacts"]["plan.arrow"]["sha256"]
-                _batch_gcd(_artifact_path(root, plan_sha, "plan"), plan_sha)
+                local = data, parse_snapshot(data, version)
+                write_bytes(snap_path, data)
+            if not _ready(effective_snapshot(local[1], mark), cache):
+                _download(src, version, effective_snapshot(local[1], mark), cache)
+                plan_sha = local[1]["artifacts"][PLAN_NAME]["sha256"]
+                _batch_gcd(cache.path(plan_sha, PLAN_NAME), plan_sha)
     data, doc = local
-    doc = _effective(doc, mark)
+    doc = effective_snapshot(doc, mark)
     return PlanReader(
         version=version,
         snapshot=doc,
         snapshot_sha256=sha256_bytes(data),
-        plan_path=_artifact_path(root, doc["artifacts"]["plan.arrow"]["sha256"], "plan"),
-        index_path=_artifact_path(root, doc["artifacts"]["index.arrow"]["sha256"], "index"),
+        plan_path=_local_path(cache, doc, PLAN_NAME),
+        index_path=_local_path(cache, doc, INDEX_NAME),
         erased_rows=np.asarray(mark["erased_rows"] if mark else [], dtype=np.int64),
         erasure_ids=(str(mark["erasure_id"]),) if mark else (),
     )
-
-
-def _erasure_mark(source: SnapshotSource, version: int) -> dict[str, Any] | None:
-    """The version's latest erasure mark, checked for what the loader relies on."""
-    data = source.erasure_bytes(version)
-    if data is None:
-        return None
-    try:
-        mark = json.loads(data)
-        artifacts = mark["artifacts"]
-        rows = mark["erased_rows"]
-        for name in _ARTIFACTS.values():
-            require_sha256(artifacts[name]["sha256"], f"erasure artifacts.{name}.sha256")
-            int(artifacts[name]["size"])
-        if not isinstance(rows, list) or not all(isinstance(r, int) for r in rows):
-            raise TypeError("erased_rows is not a list of ints")
-    except (ValueError, KeyError, TypeError) as exc:
-        raise IntegrityError(f"erasure mark of version {version} is malformed: {exc}") from exc
-    if int(mark.get("version", -1)) != version:
-        raise IntegrityError(f"erasure mark for version {version} names {mark.get('version')}")
-    return dict(mark)
-
-
-def _effective(doc: dict[str, Any], mark: dict[str, Any] | None) -> dict[str, Any]:
-    """``snapshot.json`` with the artifacts an erasure mark names (the plan never changes)."""
-    if mark is None:
-        return doc
-    if mark["artifacts"]["plan.arrow"]["sha256"] != doc["artifacts"]["plan.arrow"]["sha256"]:
-        raise IntegrityError(
-            f"erasure mark {mark.get('erasure_id')} of version {doc['version']} names another "
-            "plan.arrow; an erasure never rewrites the plan"
-        )
-    return {**doc, "artifacts": {**doc["artifacts"], **mark["artifacts"]}}
-
-
-def _local_snapshot(path: Path, version: int) -> tuple[bytes, dict[str, Any]] | None:
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        return None
-    return data, _parse_snapshot(data, version)

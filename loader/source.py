@@ -18,7 +18,6 @@ uses one ``urllib`` request per call. Both pickle into DataLoader workers.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -29,6 +28,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import IO, Any
 
+from catalog.atomic import atomic_path
 from catalog.errors import (
     ChecksumMismatch,
     Forbidden,
@@ -41,7 +41,7 @@ from catalog.errors import (
 from catalog.hashing import CHUNK, require_sha256, sha256_bytes
 from catalog.objects import ObjectStore, open_store
 from catalog.objects.refs import download_ref, get_ref, resolve_range
-from loader.format import erasure_prefix, erasure_seq, registry_key
+from manifests.format import erasure_prefix, erasure_seq, registry_key
 
 __all__ = ["HttpSource", "SnapshotSource", "StoreSource", "open_source"]
 
@@ -67,7 +67,7 @@ class SnapshotSource(ABC):
         """
 
     def erasure_bytes(self, version: int) -> bytes | None:
-        """The latest erasure mark of ``version`` (``loader.format``), or None if none.
+        """The latest erasure mark of ``version`` (``manifests.format``), or None if none.
 
         A source that cannot hold erasure marks has none (this default).
         """
@@ -188,10 +188,9 @@ class StoreSource(SnapshotSource):
         return ref.size
 
     def fetch_object(self, sha256: str, dest: Path) -> None:
-        # download() renames its own verified temp into place; give it a sibling name so
-        # that a destination the caller pre-created (a cache's temp file) never blocks it.
-        staging = Path(f"{dest}.dl")
-        try:
+        # Download to a fresh sibling name, then replace dest: a destination the caller
+        # pre-created (a cache's temp file) never blocks download()'s own rename.
+        with atomic_path(dest) as staging:
             try:
                 self.store.download(sha256, staging)
             except NotFound:
@@ -199,10 +198,6 @@ class StoreSource(SnapshotSource):
                 # streamed and checked against its full SHA-256; a failure is recorded
                 # for quarantine (catalog.objects.refs.download_ref).
                 download_ref(self.store, sha256, staging)
-            os.replace(staging, dest)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                staging.unlink()
 
     def read_range(self, sha256: str, offset: int, length: int) -> bytes:
         try:

@@ -14,7 +14,7 @@ every resume cursor remain valid; latent members moved by a pack rewrite repoint
 the sorted manifest rows erased so far (cumulative over marks), the erasure id, and
 the catalog pins the erasure expired. Readers follow the mark with the highest ``k``:
 :meth:`manifests.registry.Registry.get` applies it, the loader reads it
-(:func:`loader.format.erasure_prefix`) and skips the erased rows, counting them.
+(:func:`manifests.format.erasure_prefix`) and skips the erased rows, counting them.
 
 :func:`erase_versions` is the registry step of :func:`catalog.erase.erase_asset`;
 it is idempotent (a version already marked by this erasure is skipped) and, once every
@@ -35,7 +35,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from catalog.errors import Conflict
-from loader.format import erasure_key
+from manifests.format import erasure_key
+from manifests.ipc import read_table, write_table
 from manifests.registry import ArtifactRef, ErasureMark, Registry, canonical_json
 
 __all__ = ["KEEP_COLUMNS", "blank_rows", "erase_versions"]
@@ -106,7 +107,7 @@ def _mark_version(
         with tempfile.TemporaryDirectory(prefix="vidlake-erase-") as tmp:
             work = Path(tmp)
             with registry.local_artifact(version, "index.arrow") as path:
-                index = _read_ipc(path)
+                index = read_table(path, what="index.arrow")
             erased, moved = _affected(index, plan, packs)
             previous = marks[-1] if marks else None
             if not erased.any() and not moved.any() and not pins:
@@ -246,24 +247,18 @@ def _empty(typ: pa.DataType) -> pa.Scalar:
     return pa.scalar(None, typ)  # a nested type without an obvious empty value
 
 
-def _read_ipc(path: Path) -> pa.Table:
-    with pa.memory_map(str(path)) as source:
-        return pa.ipc.open_file(source).read_all()
-
-
 def _write_ipc(original: pa.Table, table: pa.Table, path: Path) -> None:
     """Write ``table`` as an uncompressed IPC file with ``original``'s batch layout, so
     that readers locating rows by batch stride find them where they were."""
     sizes = [b.num_rows for b in original.to_batches()]
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        offset = 0
-        for size in sizes:
-            writer.write_batch(
-                table.slice(offset, size).combine_chunks().to_batches()[0]
-                if size
-                else table.schema.empty_table().to_batches()[0]
-            )
-            offset += size
+    starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    batches = (
+        table.slice(int(start), size).combine_chunks().to_batches()[0]
+        if size
+        else table.schema.empty_table().to_batches()[0]
+        for start, size in zip(starts, sizes, strict=False)
+    )
+    write_table(path, batches, table.schema)
 
 
 def _delete_replaced(registry: Registry, eid: str) -> list[str]:

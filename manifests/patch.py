@@ -34,35 +34,21 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from catalog.errors import Conflict, IntegrityError, InvalidInput
-from loader.format import PLAN_SCHEMA
+from manifests.format import (
+    EXCLUDED_NAME,
+    EXCLUDED_SCHEMA,
+    PLAN_SCHEMA,
+    SKIPPED_NAME,
+    SKIPPED_SCHEMA,
+)
+from manifests.ipc import ipc_writer, iter_batches
 from manifests.registry import Registry, SnapshotRecord
 
 __all__ = [
-    "EXCLUDED_NAME",
-    "EXCLUDED_SCHEMA",
-    "SKIPPED_NAME",
-    "SKIPPED_SCHEMA",
     "filter_plan_batch",
     "patch",
 ]
 
-SKIPPED_NAME = "skipped.parquet"
-SKIPPED_SCHEMA = pa.schema(
-    [
-        pa.field("step", pa.int64(), nullable=False),
-        pa.field("row", pa.int64(), nullable=False),
-        pa.field("clip_id", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-    ]
-)
-EXCLUDED_NAME = "excluded_rows.parquet"
-EXCLUDED_SCHEMA = pa.schema(
-    [
-        pa.field("row", pa.int64(), nullable=False),
-        pa.field("clip_id", pa.string(), nullable=False),
-        pa.field("reason", pa.string(), nullable=False),
-    ]
-)
 _CLAIM_ATTEMPTS = 5
 _UNKNOWN_SHOWN = 10
 
@@ -236,26 +222,19 @@ def _resolve(
     row_set = pa.array(rows, pa.int64())
     hit_rows, hit_clips, hit_streams, seen_clips, seen_assets = [], [], [], [], []
     num_rows = 0
-    with pa.memory_map(str(index_path)) as source:
-        reader = pa.ipc.open_file(source)
-        for i in range(reader.num_record_batches):
-            batch = reader.get_batch(i)
-            num_rows += batch.num_rows
-            by_clip = pc.is_in(batch.column("clip_id"), value_set=clip_set)
-            by_asset = pc.is_in(batch.column("asset_id"), value_set=asset_set)
-            mask = pc.or_(
-                pc.or_(by_clip, by_asset), pc.is_in(batch.column("row"), value_set=row_set)
-            )
-            seen_clips.append(pc.unique(pc.filter(batch.column("clip_id"), by_clip)))
-            seen_assets.append(pc.unique(pc.filter(batch.column("asset_id"), by_asset)))
-            # Copy out of the memory map: the file goes away before these are used.
-            hit_rows.append(pc.filter(batch.column("row"), mask).to_numpy().copy())
-            hit_streams.append(pc.filter(batch.column("stream"), mask).to_numpy().copy())
-            hit_clips.append(
-                pa.concat_arrays(
-                    [pa.array([], pa.string()), pc.filter(batch.column("clip_id"), mask)]
-                )
-            )
+    for batch in iter_batches(index_path, what="index.arrow"):
+        num_rows += batch.num_rows
+        by_clip = pc.is_in(batch.column("clip_id"), value_set=clip_set)
+        by_asset = pc.is_in(batch.column("asset_id"), value_set=asset_set)
+        mask = pc.or_(pc.or_(by_clip, by_asset), pc.is_in(batch.column("row"), value_set=row_set))
+        seen_clips.append(pc.unique(pc.filter(batch.column("clip_id"), by_clip)))
+        seen_assets.append(pc.unique(pc.filter(batch.column("asset_id"), by_asset)))
+        # Copy out of the memory map: the file goes away before these are used.
+        hit_rows.append(pc.filter(batch.column("row"), mask).to_numpy().copy())
+        hit_streams.append(pc.filter(batch.column("stream"), mask).to_numpy().copy())
+        hit_clips.append(
+            pa.concat_arrays([pa.array([], pa.string()), pc.filter(batch.column("clip_id"), mask)])
+        )
     _require_known("exclude_clip_ids", clip_set, seen_clips)
     _require_known("exclude_asset_ids", asset_set, seen_assets)
     if len(rows) and rows[-1] >= num_rows:
@@ -302,29 +281,26 @@ def _rewrite_plan(
     per_stream = np.zeros(int(excluded_streams.max(initial=-1)) + 1, dtype=np.int64)
     reason_array = pa.array([reason], pa.string())
     value_set = pa.array(excluded, pa.int64())
-    with pa.memory_map(str(old_plan)) as source, pa.OSFile(str(new_plan), "wb") as sink:
-        reader = pa.ipc.open_file(source)
-        if not reader.schema.equals(PLAN_SCHEMA, check_metadata=False):
-            raise IntegrityError(f"plan.arrow does not have the plan schema: {reader.schema}")
-        with pa.ipc.new_file(sink, PLAN_SCHEMA) as writer:
-            for i in range(reader.num_record_batches):
-                out, dropped, steps, rows = filter_plan_batch(reader.get_batch(i), value_set)
-                writer.write_batch(out)
-                plan_rows += int(pc.sum(pc.list_value_length(out.column("rows"))).as_py() or 0)
-                skipped_now += int(dropped.sum())
-                where = np.searchsorted(excluded, rows)
-                np.add.at(per_stream, excluded_streams[where], 1)
-                skipped_parts.append(
-                    pa.table(
-                        [
-                            pa.array(steps, pa.int64()),
-                            pa.array(rows, pa.int64()),
-                            excluded_clips.take(pa.array(where, pa.int64())),
-                            reason_array.take(pa.array(np.zeros(len(rows), np.int64))),
-                        ],
-                        schema=SKIPPED_SCHEMA,
-                    )
+    batches = iter_batches(old_plan, schema=PLAN_SCHEMA, what="plan.arrow")
+    with ipc_writer(new_plan, PLAN_SCHEMA) as writer:
+        for batch in batches:
+            out, dropped, steps, rows = filter_plan_batch(batch, value_set)
+            writer.write_batch(out)
+            plan_rows += int(pc.sum(pc.list_value_length(out.column("rows"))).as_py() or 0)
+            skipped_now += int(dropped.sum())
+            where = np.searchsorted(excluded, rows)
+            np.add.at(per_stream, excluded_streams[where], 1)
+            skipped_parts.append(
+                pa.table(
+                    [
+                        pa.array(steps, pa.int64()),
+                        pa.array(rows, pa.int64()),
+                        excluded_clips.take(pa.array(where, pa.int64())),
+                        reason_array.take(pa.array(np.zeros(len(rows), np.int64))),
+                    ],
+                    schema=SKIPPED_SCHEMA,
                 )
+            )
     table = pa.concat_tables([SKIPPED_SCHEMA.empty_table(), *skipped_parts])
     # A stable sort by step keeps earlier patches' rows first and plan order within.
     table = table.take(pc.sort_indices(table, sort_keys=[("step", "ascending")]))
@@ -340,13 +316,10 @@ def _rewrite_plan(
 def _row_columns(index_path: Path) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
     """Stream and tokens of every manifest row, by row number."""
     streams, tokens, rows = [], [], []
-    with pa.memory_map(str(index_path)) as source:
-        reader = pa.ipc.open_file(source)
-        for i in range(reader.num_record_batches):
-            batch = reader.get_batch(i)
-            rows.append(batch.column("row").to_numpy().astype(np.int64))
-            streams.append(batch.column("stream").to_numpy().astype(np.int64))
-            tokens.append(batch.column("tokens").to_numpy().astype(np.int64))
+    for batch in iter_batches(index_path, what="index.arrow"):
+        rows.append(batch.column("row").to_numpy().astype(np.int64))
+        streams.append(batch.column("stream").to_numpy().astype(np.int64))
+        tokens.append(batch.column("tokens").to_numpy().astype(np.int64))
     row = np.concatenate([np.zeros(0, np.int64), *rows])
     stream = np.zeros(len(row), np.int64)
     token = np.zeros(len(row), np.int64)
@@ -362,19 +335,16 @@ def _served(
     num_streams = int(row_stream.max(initial=-1)) + 1
     samples = np.zeros((0, num_streams), np.int64)
     tokens = np.zeros((0, num_streams), np.int64)
-    with pa.memory_map(str(plan)) as source:
-        reader = pa.ipc.open_file(source)
-        for i in range(reader.num_record_batches):
-            batch = reader.get_batch(i)
-            lists = batch.column("rows")
-            values = pc.list_flatten(lists).to_numpy().astype(np.int64)
-            lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
-            phase = np.repeat(batch.column("phase").to_numpy().astype(np.int64), lengths)
-            num_phases = max(samples.shape[0], int(phase.max(initial=-1)) + 1)
-            samples = np.pad(samples, ((0, num_phases - samples.shape[0]), (0, 0)))
-            tokens = np.pad(tokens, ((0, num_phases - tokens.shape[0]), (0, 0)))
-            np.add.at(samples, (phase, row_stream[values]), 1)
-            np.add.at(tokens, (phase, row_stream[values]), row_tokens[values])
+    for batch in iter_batches(plan, what="plan.arrow"):
+        lists = batch.column("rows")
+        values = pc.list_flatten(lists).to_numpy().astype(np.int64)
+        lengths = pc.list_value_length(lists).to_numpy(zero_copy_only=False)
+        phase = np.repeat(batch.column("phase").to_numpy().astype(np.int64), lengths)
+        num_phases = max(samples.shape[0], int(phase.max(initial=-1)) + 1)
+        samples = np.pad(samples, ((0, num_phases - samples.shape[0]), (0, 0)))
+        tokens = np.pad(tokens, ((0, num_phases - tokens.shape[0]), (0, 0)))
+        np.add.at(samples, (phase, row_stream[values]), 1)
+        np.add.at(tokens, (phase, row_stream[values]), row_tokens[values])
     return {"served_samples": samples, "served_tokens": tokens}
 
 

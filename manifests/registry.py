@@ -1,7 +1,7 @@
 """The snapshot registry: immutable, numbered snapshot versions in an object store.
 
 A version is four or more content-addressed objects (the artifacts of
-:mod:`loader.format` plus ``snapshot.json``) and one create-only named key,
+:mod:`manifests.format` plus ``snapshot.json``) and one create-only named key,
 ``manifests/v{N:06d}.json``, that claims the number ``N`` and names its parent.
 
 Publication protocol (:meth:`Registry.publish`)::
@@ -18,7 +18,9 @@ of ``parent + 1`` succeeds exactly when ``parent`` is still the latest version.
 
 Pins are an append-only log of create-only events
 (``pins/v{N:06d}/e{seq:06d}.json``); the event with the highest sequence number
-decides whether a version is pinned.
+decides whether a version is pinned (:mod:`manifests.pins`). Diffs between versions
+are computed in :mod:`manifests.diff`; verified local copies of artifacts come from
+:mod:`manifests.artifacts`.
 """
 
 from __future__ import annotations
@@ -29,28 +31,31 @@ import copy
 import io
 import json
 import logging
-import math
 import re
 import tempfile
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
-import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from catalog.errors import ChecksumMismatch, Conflict, IntegrityError, InvalidInput, NotFound
-from catalog.hashing import is_sha256, sha256_bytes, sha256_file
+from catalog.hashing import is_sha256, sha256_bytes
 from catalog.objects import ObjectStore
-from loader.format import (
+from manifests.artifacts import fetch_verified, is_verified
+from manifests.format import (
     ARTIFACT_NAMES,
     SNAPSHOT_REQUIRED_KEYS,
     erasure_prefix,
     erasure_seq,
     registry_key,
 )
+from manifests.ipc import read_columns
+
+if TYPE_CHECKING:
+    from manifests.diff import SnapshotDiff
 
 __all__ = [
     "ArtifactRef",
@@ -59,7 +64,6 @@ __all__ = [
     "PinEvent",
     "Registry",
     "RegistryEntry",
-    "SnapshotDiff",
     "SnapshotRecord",
     "canonical_json",
 ]
@@ -68,13 +72,10 @@ log = logging.getLogger("vidlake.manifests")
 
 SNAPSHOT_JSON = "snapshot.json"
 _REGISTRY_PREFIX = "manifests/"
-_PINS_PREFIX = "pins/"
 _VERSION_KEY = re.compile(r"^manifests/v(\d{6,})\.json$")
-_PIN_KEY = re.compile(r"^pins/v(\d{6,})/e(\d{6,})\.json$")
 _ARTIFACT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # Keys publish() computes; a caller's values for them are replaced.
 _SET_BY_PUBLISH = frozenset({"version", "parent", "artifacts", "patch_of"})
-_PIN_RETRIES = 32
 
 
 def canonical_json(value: Any) -> bytes:
@@ -192,43 +193,6 @@ class Pin(_Fact):
     at: str
 
 
-class SnapshotDiff(_Fact):
-    """What changed from version ``a`` to version ``b`` (``model_dump()`` is JSON-ready).
-
-    A version's clips are those its plan can serve: the clips of its index rows,
-    less the rows a patch chain excluded (``excluded_rows.parquet``; for a patch
-    written before that artifact, the rows of ``skipped.parquet``). ``rows`` counts
-    the same rows. ``clips_added``/``clips_removed`` are sorted and cut to
-    ``max_clips`` when one was given; the ``num_*`` counts are always exact.
-    ``counts``, ``drops`` and ``stream_shares`` map each (dotted, flattened) key to
-    ``{"a", "b", "delta"}`` (``delta`` only for numbers; ``None`` stands for a key one
-    side lacks); a patch's ``stream_shares`` are those its plan serves.
-    ``catalog_changes`` names every pin entry that differs (Iceberg tables, and
-    embedding models as ``embeddings/<model>``) as ``{"a", "b"}``.
-    """
-
-    a: int
-    b: int
-    num_clips_a: int
-    num_clips_b: int
-    num_clips_added: int
-    num_clips_removed: int
-    clips_added: list[str]
-    clips_removed: list[str]
-    clips_truncated: bool
-    rows: dict[str, int]
-    plan_rows: dict[str, int | None]
-    recipe_sha256: dict[str, Any]
-    catalog_changed: bool
-    catalog_changes: dict[str, dict[str, Any]] = Field(
-        description="Pin entries that differ, {key: {a, b}}: Iceberg tables by name, "
-        "embedding models as 'embeddings/<model>'"
-    )
-    stream_shares: dict[str, dict[str, Any]]
-    counts: dict[str, dict[str, Any]]
-    drops: dict[str, dict[str, Any]]
-
-
 class Registry:
     """Numbered, immutable snapshot versions kept in an :class:`ObjectStore`.
 
@@ -258,7 +222,7 @@ class Registry:
         already in the store (a patch keeps its base's index and manifest).
 
         Args:
-            artifacts: every name of :data:`loader.format.ARTIFACT_NAMES`, plus any
+            artifacts: every name of :data:`manifests.format.ARTIFACT_NAMES`, plus any
                 extra artifacts, each a local file or an existing object.
             snapshot: the metadata; every key of ``SNAPSHOT_REQUIRED_KEYS`` except
                 those set here.
@@ -484,17 +448,15 @@ class Registry:
         """Download an artifact to ``dest_dir/name``, verified; reuse a verified copy."""
         ref = self.artifact_ref(version, name)
         dest = Path(dest_dir) / name
-        if dest.is_file() and sha256_file(dest) == (ref.sha256, ref.size):
+        if is_verified(dest, ref.sha256, ref.size):
             return dest
-        Path(dest_dir).mkdir(parents=True, exist_ok=True)
-        info = self.store.download(ref.sha256, dest)
-        if info.sha256 != ref.sha256 or info.size != ref.size:
-            raise ChecksumMismatch(
-                f"artifact {name} of version {version} does not verify",
-                sha256=ref.sha256,
-                version=version,
-            )
-        return dest
+
+        def fetch(tmp: Path) -> tuple[str, int]:
+            info = self.store.download(ref.sha256, tmp)  # hashes while it writes
+            return info.sha256, info.size
+
+        what = f"artifact {name} of version {version}"
+        return fetch_verified(dest, ref.sha256, ref.size, fetch, what=what)
 
     def read_artifact(self, version: int, name: str) -> bytes:
         """An artifact's bytes, verified (small artifacts; use artifact_path for plans)."""
@@ -518,43 +480,37 @@ class Registry:
         with tempfile.TemporaryDirectory(prefix="vidlake-artifact-") as tmp:
             yield self.artifact_path(version, name, tmp)
 
+    # -- diff ---------------------------------------------------------------------
+    def diff(self, a: int, b: int, *, max_clips: int | None = None) -> SnapshotDiff:
+        """Compare two versions (:func:`manifests.diff.diff_versions`)."""
+        from manifests.diff import diff_versions
+
+        return diff_versions(self, a, b, max_clips=max_clips)
+
     # -- pins ---------------------------------------------------------------------
     def pin(self, version: int, reason: str, by: str | None = None) -> Pin:
         """Pin ``version`` so a garbage collector keeps every object it references."""
-        if not isinstance(reason, str) or not reason.strip():
-            raise InvalidInput("a pin needs a non-empty reason", field="reason")
-        self.entry(version)  # NotFound if absent
-        event = self._append_pin_event(version, "pin", reason, by)
-        return Pin(version=version, reason=event.reason, by=event.by, at=event.at)
+        from manifests.pins import pin_version
+
+        return pin_version(self, version, reason, by)
 
     def unpin(self, version: int, *, by: str | None = None, reason: str | None = None) -> bool:
         """Unpin ``version``; False (and nothing written) when it was not pinned."""
-        self.entry(version)
-        current = self._last_pin_event(version)
-        if current is None or current.action != "pin":
-            return False
-        self._append_pin_event(version, "unpin", reason, by)
-        return True
+        from manifests.pins import unpin_version
+
+        return unpin_version(self, version, by=by, reason=reason)
 
     def pins(self) -> builtins.list[Pin]:
         """The versions pinned now, ascending."""
-        last: dict[int, tuple[int, str]] = {}
-        for key in self.store.list_keys(_PINS_PREFIX):
-            match = _PIN_KEY.match(key)
-            if match:
-                version, seq = int(match.group(1)), int(match.group(2))
-                if version not in last or seq > last[version][0]:
-                    last[version] = (seq, key)
-        pinned = []
-        for version in sorted(last):
-            event = self._read_pin_event(last[version][1])
-            if event.action == "pin":
-                pinned.append(Pin(version=version, reason=event.reason, by=event.by, at=event.at))
-        return pinned
+        from manifests.pins import pinned_versions
+
+        return pinned_versions(self.store)
 
     def pin_history(self, version: int) -> builtins.list[PinEvent]:
         """Every pin and unpin of ``version``, oldest first."""
-        return [self._read_pin_event(k) for k in self._pin_keys(version)]
+        from manifests.pins import pin_history
+
+        return pin_history(self.store, version)
 
     def protected_objects(self) -> set[str]:
         """SHA-256 of every object a pinned version references: its artifacts,
@@ -572,187 +528,6 @@ class Registry:
                 continue  # a patch shares its base's index
             indexes_read.add(refs["index.arrow"].sha256)
             with self.local_artifact(pin.version, "index.arrow") as path:
-                for column in _read_columns(path, ["object_sha256", "text_embedding_sha256"]):
+                for column in read_columns(path, ["object_sha256", "text_embedding_sha256"]):
                     protected.update(pc.unique(column).to_pylist())
         return protected
-
-    def _pin_keys(self, version: int) -> builtins.list[str]:
-        keyed = []
-        for key in self.store.list_keys(f"{_PINS_PREFIX}v{version:06d}/"):
-            match = _PIN_KEY.match(key)
-            if match and int(match.group(1)) == version:
-                keyed.append((int(match.group(2)), key))
-        return [key for _, key in sorted(keyed)]
-
-    def _last_pin_event(self, version: int) -> PinEvent | None:
-        keys = self._pin_keys(version)
-        return self._read_pin_event(keys[-1]) if keys else None
-
-    def _read_pin_event(self, key: str) -> PinEvent:
-        try:
-            return PinEvent.model_validate_json(self.store.get_key(key))
-        except ValidationError as exc:
-            raise IntegrityError(f"pin event {key} is malformed: {exc}", key=key) from exc
-
-    def _append_pin_event(
-        self, version: int, action: Literal["pin", "unpin"], reason: str | None, by: str | None
-    ) -> PinEvent:
-        # Sequence numbers, claimed by create-only keys, give the log one total order
-        # that no clock skew between hosts can reorder.
-        for _ in range(_PIN_RETRIES):
-            keys = self._pin_keys(version)
-            seq = int(_PIN_KEY.match(keys[-1]).group(2)) + 1 if keys else 1  # type: ignore[union-attr]
-            event = PinEvent(
-                version=version,
-                seq=seq,
-                action=action,
-                reason=reason,
-                by=by,
-                at=datetime.now(UTC).isoformat(timespec="microseconds"),
-            )
-            key = f"{_PINS_PREFIX}v{version:06d}/e{seq:06d}.json"
-            try:
-                self.store.put_key(key, canonical_json(event.model_dump()))
-            except Conflict:
-                continue
-            log.info("%s version %d by %s: %s", action, version, by, reason)
-            return event
-        raise Conflict(
-            f"could not append a pin event to version {version}: too much contention",
-            version=version,
-        )
-
-    # -- diff ---------------------------------------------------------------------
-    def diff(self, a: int, b: int, *, max_clips: int | None = None) -> SnapshotDiff:
-        """Compare two versions: clips (by ``clip_id``), rows, shares, recipe, counts.
-
-        Args:
-            a: the older (or reference) version.
-            b: the newer version.
-            max_clips: cut the added/removed clip lists to this many (counts stay exact).
-        """
-        if max_clips is not None and max_clips < 0:
-            raise InvalidInput("max_clips must be >= 0", field="max_clips")
-        rec_a, rec_b = self.get(a), self.get(b)
-        clips_a, rows_a = self._clip_ids(a)
-        clips_b, rows_b = self._clip_ids(b)
-        added = _sorted_difference(clips_b, clips_a)
-        removed = _sorted_difference(clips_a, clips_b)
-        limit = max(len(added), len(removed)) if max_clips is None else max_clips
-        sa, sb = rec_a.snapshot, rec_b.snapshot
-        pins = _pin_changes(sa.get("catalog_snapshot_ids"), sb.get("catalog_snapshot_ids"))
-        return SnapshotDiff(
-            a=a,
-            b=b,
-            num_clips_a=len(clips_a),
-            num_clips_b=len(clips_b),
-            num_clips_added=len(added),
-            num_clips_removed=len(removed),
-            clips_added=added.slice(0, limit).to_pylist(),
-            clips_removed=removed.slice(0, limit).to_pylist(),
-            clips_truncated=limit < max(len(added), len(removed)),
-            rows={"a": rows_a, "b": rows_b, "delta": rows_b - rows_a},
-            plan_rows=_change(sa.get("plan_rows"), sb.get("plan_rows")),
-            recipe_sha256={
-                "a": sa.get("recipe_sha256"),
-                "b": sb.get("recipe_sha256"),
-                "changed": sa.get("recipe_sha256") != sb.get("recipe_sha256"),
-            },
-            catalog_changed=bool(pins),
-            catalog_changes=pins,
-            stream_shares=_mapping_changes(sa.get("stream_shares"), sb.get("stream_shares")),
-            counts=_mapping_changes(sa.get("counts"), sb.get("counts")),
-            drops=_mapping_changes(sa.get("drops"), sb.get("drops")),
-        )
-
-    def _clip_ids(self, version: int) -> tuple[pa.Array, int]:
-        """The distinct clip ids a version can serve, and the number of its rows."""
-        with self.local_artifact(version, "index.arrow") as path:
-            rows, clip_ids = _read_columns(path, ["row", "clip_id"])
-        excluded = self._excluded_rows(version)
-        if excluded is not None and len(excluded):
-            clip_ids = pc.filter(clip_ids, pc.invert(pc.is_in(rows, value_set=excluded)))
-        return pc.unique(clip_ids), len(clip_ids)
-
-    def _excluded_rows(self, version: int) -> pa.Array | None:
-        """Manifest rows a patch chain excluded from ``version`` (None: not a patch)."""
-        import pyarrow.parquet as pq
-
-        from manifests.patch import EXCLUDED_NAME, SKIPPED_NAME
-
-        refs = self.get(version).artifacts
-        name = EXCLUDED_NAME if EXCLUDED_NAME in refs else SKIPPED_NAME
-        if name not in refs:
-            return None
-        table = pq.read_table(io.BytesIO(self.read_artifact(version, name)), columns=["row"])
-        return pc.unique(table["row"].combine_chunks())
-
-
-def _read_columns(path: Path, names: builtins.list[str]) -> builtins.list[pa.Array]:
-    """Whole columns of an Arrow IPC file, read batch by batch from a memory map
-    (list columns come back flattened). The arrays are concatenated into fresh
-    memory, so they outlive the file."""
-    with pa.memory_map(str(path)) as source:
-        reader = pa.ipc.open_file(source)
-        chunks: dict[str, builtins.list[pa.Array]] = {n: [] for n in names}
-        for i in range(reader.num_record_batches):
-            batch = reader.get_batch(i)
-            for n in names:
-                column = batch.column(n)
-                if pa.types.is_list(column.type):
-                    column = pc.list_flatten(column)
-                chunks[n].append(column)
-        result = []
-        for n in names:
-            kind = reader.schema.field(n).type
-            empty = pa.array([], kind.value_type if pa.types.is_list(kind) else kind)
-            result.append(pa.concat_arrays([empty, *chunks[n]]))
-        return result
-
-
-def _sorted_difference(left: pa.Array, right: pa.Array) -> pa.Array:
-    """Values of ``left`` not in ``right``, sorted (both distinct)."""
-    kept = pc.filter(left, pc.invert(pc.is_in(left, value_set=right)))
-    return pc.take(kept, pc.sort_indices(kept))
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(value, Mapping):
-        flat: dict[str, Any] = {}
-        for key, inner in value.items():
-            flat.update(_flatten(inner, f"{prefix}{key}."))
-        return flat
-    return {prefix.rstrip("."): value}
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _change(a: Any, b: Any) -> dict[str, Any]:
-    change: dict[str, Any] = {"a": a, "b": b}
-    if _is_number(a) and _is_number(b):
-        change["delta"] = b - a
-    return change
-
-
-def _pin_changes(a: Any, b: Any) -> dict[str, dict[str, Any]]:
-    """``{pin key: {"a", "b"}}`` for every key whose value differs."""
-    pa_ = a if isinstance(a, Mapping) else {}
-    pb = b if isinstance(b, Mapping) else {}
-    if pa_ == pb:
-        return {}
-    if not pa_ or not pb:  # one side records no pin at all
-        return {"catalog_snapshot_ids": {"a": a, "b": b}}
-    return {
-        key: {"a": pa_.get(key), "b": pb.get(key)}
-        for key in sorted({*pa_, *pb})
-        if pa_.get(key) != pb.get(key)
-    }
-
-
-def _mapping_changes(a: Any, b: Any) -> dict[str, dict[str, Any]]:
-    """``{flattened key: {"a", "b", "delta"}}`` for every key of either mapping."""
-    flat_a = _flatten(a) if isinstance(a, Mapping) else {}
-    flat_b = _flatten(b) if isinstance(b, Mapping) else {}
-    return {key: _change(flat_a.get(key), flat_b.get(key)) for key in sorted({*flat_a, *flat_b})}

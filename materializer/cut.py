@@ -41,8 +41,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from catalog.errors import InvalidInput, InvalidRecipe
-from loader.format import FORMAT_VERSION, INDEX_SCHEMA
+from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, LINEAGE_NAME, LINEAGE_SCHEMA
 from manifests.inputs import INPUTS_KEY, cut_inputs_sha256
+from manifests.ipc import iter_batches, write_table
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
 from materializer.recipe import Recipe
 from materializer.select import Selection, check_pools, phase_mask, select
@@ -54,8 +55,6 @@ if TYPE_CHECKING:
     from manifests.registry import Registry, SnapshotRecord
 
 __all__ = [
-    "LINEAGE_NAME",
-    "LINEAGE_SCHEMA",
     "build_artifacts",
     "code_version",
     "cut_snapshot",
@@ -63,15 +62,6 @@ __all__ = [
 ]
 
 Progress = Callable[[str, float], None]
-
-LINEAGE_NAME = "lineage.arrow"
-LINEAGE_SCHEMA = pa.schema(
-    [
-        pa.field("row", pa.int64(), nullable=False),
-        pa.field("steps", pa.large_list(pa.int64()), nullable=False),
-    ],
-    metadata={"vidlake.format": str(FORMAT_VERSION), "vidlake.artifact": "lineage"},
-)
 
 _PARQUET_OPTIONS: dict[str, Any] = {
     "compression": "zstd",
@@ -195,7 +185,7 @@ def build_artifacts(
 
     report("index", 0.0)
     index_path = out / "index.arrow"
-    _write_ipc(index_path, _index_table(recipe, samples))
+    write_table(index_path, _index_table(recipe, samples))
     report("index", 1.0)
 
     report("manifest", 0.0)
@@ -205,7 +195,7 @@ def build_artifacts(
 
     report("lineage", 0.0)
     lineage_path = out / LINEAGE_NAME
-    _write_ipc(lineage_path, _lineage_table(plan_path, samples.num_rows))
+    write_table(lineage_path, _lineage_table(plan_path, samples.num_rows))
     report("lineage", 1.0)
 
     snapshot = _snapshot_doc(recipe, pin, selection, samples, summary)
@@ -375,17 +365,14 @@ def _manifest_table(recipe: Recipe, samples: pa.Table) -> pa.Table:
 
 def _lineage_table(plan_path: Path, num_rows: int) -> pa.Table:
     """Per manifest row, the sorted steps that serve it (one stable argsort)."""
-    with pa.memory_map(str(plan_path)) as source:
-        reader = pa.ipc.open_file(source)
-        rows_parts, steps_parts = [], []
-        for i in range(reader.num_record_batches):
-            batch = reader.get_batch(i)
-            lists = batch.column("rows")
-            flat = pc.list_flatten(lists).to_numpy()
-            lengths = pc.list_value_length(lists).to_numpy()
-            steps = np.repeat(batch.column("step").to_numpy(), lengths)
-            rows_parts.append(np.array(flat, dtype=np.int64))
-            steps_parts.append(steps.astype(np.int64))
+    rows_parts, steps_parts = [], []
+    for batch in iter_batches(plan_path, what="plan.arrow"):
+        lists = batch.column("rows")
+        flat = pc.list_flatten(lists).to_numpy()
+        lengths = pc.list_value_length(lists).to_numpy()
+        steps = np.repeat(batch.column("step").to_numpy(), lengths)
+        rows_parts.append(np.array(flat, dtype=np.int64))
+        steps_parts.append(steps.astype(np.int64))
     rows = np.concatenate(rows_parts) if rows_parts else np.zeros(0, np.int64)
     steps = np.concatenate(steps_parts) if steps_parts else np.zeros(0, np.int64)
     # One sort of unique (row, step) keys: rows ascending, steps ascending within a row
@@ -478,15 +465,6 @@ def _shares(samples: Any, tokens: Any, unit: str) -> list[tuple[Any, float]]:
     values = dict(tokens if unit == "tokens" else samples)
     total = sum(values.values()) or 1
     return [(k, v / total) for k, v in sorted(values.items())]
-
-
-def _write_ipc(path: Path, table: pa.Table) -> None:
-    options = pa.ipc.IpcWriteOptions(compression=None)
-    with (
-        pa.OSFile(str(path), "wb") as sink,
-        pa.ipc.new_file(sink, table.schema, options=options) as writer,
-    ):
-        writer.write_table(table, max_chunksize=1 << 20)
 
 
 def _write_parquet(path: Path, table: pa.Table) -> None:

@@ -25,9 +25,9 @@ from service.auth import Authenticator, Principal, check_bind, load_tokens
 from service.eval_objects import EvalObjects
 from service.eval_versions import EvalVersions
 from service.jobs import JobRecord, JobRunner, JobStore
-from service.lineage import SnapshotReader
 from service.metrics import Metrics
 from service.settings import Settings
+from service.snapshot_reader import SnapshotReader
 from service.sql import CatalogViews, Sandbox
 
 if TYPE_CHECKING:

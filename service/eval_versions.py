@@ -20,7 +20,7 @@ from catalog.errors import Forbidden, NotFound
 
 if TYPE_CHECKING:
     from service.auth import Principal
-    from service.lineage import SnapshotReader
+    from service.snapshot_reader import SnapshotReader
     from service.sql import CatalogViews
 
 __all__ = ["EvalVersions"]

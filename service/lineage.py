@@ -1,9 +1,9 @@
 """Forensics: which samples a step trained on, and where a clip came from and went.
 
 Both directions are answered from a snapshot's artifacts, memory-mapped from a local,
-verified, content-addressed copy (:class:`SnapshotReader`), plus filtered catalog
-scans for the handful of clips and assets involved — never by reading whole tables
-into Python:
+verified, content-addressed copy (:class:`service.snapshot_reader.SnapshotReader`),
+plus filtered catalog scans for the handful of clips and assets involved — never by
+reading whole tables into Python:
 
 * step → samples (:func:`step_samples`): one record of ``plan.arrow``, its rows
   taken from ``index.arrow`` and ``manifest.parquet``, joined to the assets' source
@@ -15,7 +15,7 @@ into Python:
 Steps of a row come from the cut's ``lineage.arrow`` (one record per manifest row:
 ``row``, ``steps``) when the version has one; a patch has none (its plan differs from
 its base's), so its steps come from a vectorised scan of its ``plan.arrow``
-(:meth:`SnapshotReader.steps_of_rows`).
+(:meth:`service.snapshot_reader.SnapshotReader.steps_of_rows`).
 """
 
 from __future__ import annotations
@@ -23,341 +23,28 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
-import threading
-import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
-from numpy.typing import NDArray
 
-from catalog.errors import ChecksumMismatch, Forbidden, InvalidInput, NotFound
-from catalog.hashing import sha256_file
-from manifests.registry import Registry, SnapshotRecord
+from catalog.errors import Forbidden, InvalidInput, NotFound
+from manifests.registry import SnapshotRecord
+from service.snapshot_reader import SnapshotReader
 from service.sql import to_json_rows
 
 if TYPE_CHECKING:
     from catalog.pins import Pin
     from service.sql import CatalogViews
 
-__all__ = ["MAX_STEPS_PER_VERSION", "SnapshotReader", "clip_lineage", "step_samples"]
+__all__ = ["MAX_STEPS_PER_VERSION", "clip_lineage", "step_samples"]
 
 log = logging.getLogger("vidlake.service.lineage")
 
 MAX_STEPS_PER_VERSION = 10_000
-#: How long a cached record is trusted before its erasure marks are listed again.
-ERASURE_RECHECK_S = 5.0
-LINEAGE_ARTIFACT = "lineage.arrow"
-_SUMMARY_COLUMNS = frozenset({"row", "tier", "source", "source_tier", "license_id"})
 _CLIP_ID = re.compile(r"^[0-9a-f]{32}$")
-
-
-class SnapshotReader:
-    """Cached, verified reads of published snapshots.
-
-    Records are cached forever (versions are immutable). Artifacts are downloaded
-    once into ``cache_dir/objects/<sha[:2]>/<sha>`` through the store's verified
-    temp-file-and-rename download, re-hashed once per process before first use, and
-    memory-mapped.
-    """
-
-    def __init__(self, registry: Registry, cache_dir: str | Path) -> None:
-        self.registry = registry
-        self.cache_dir = Path(cache_dir)
-        self._lock = threading.Lock()
-        self._records: dict[int, SnapshotRecord] = {}
-        self._checked: dict[int, float] = {}
-        self._snapshot_bytes: dict[int, bytes] = {}
-        self._verified: set[str] = set()
-        self._sha_locks: dict[str, threading.Lock] = {}
-        self._tables: dict[str, pa.Table] = {}
-        self._views: dict[tuple[str, tuple[int, ...]], ds.Dataset] = {}
-
-    # -- records ------------------------------------------------------------------
-    def versions(self) -> list[int]:
-        return self.registry.versions()
-
-    def record(self, version: int) -> SnapshotRecord:
-        """A version's verified record (NotFound when absent).
-
-        Versions are immutable but an erasure can mark one (``manifests.erasure``): a
-        cached record is re-checked against the version's erasure marks (one listing)
-        at most every ``ERASURE_RECHECK_S`` seconds, and reloaded when one was added.
-        """
-        now = time.monotonic()
-        with self._lock:
-            hit = self._records.get(version)
-            fresh = now - self._checked.get(version, 0.0) < ERASURE_RECHECK_S
-        if hit is not None and (fresh or self.registry.erasure_count(version) == len(hit.erasures)):
-            with self._lock:
-                self._checked[version] = now
-            return hit
-        record = self.registry.get(version)
-        with self._lock:
-            self._records[version] = record
-            self._checked[version] = now
-        return record
-
-    def forget(self, shas: Sequence[str]) -> None:
-        """Drop every cached record and the local copies of objects ``shas`` (artifacts
-        an erasure replaced: they hold erased rows and must not outlive it here)."""
-        with self._lock:
-            self._records.clear()
-            self._checked.clear()
-            self._views.clear()
-            for sha in shas:
-                self._verified.discard(sha)
-                self._tables.pop(sha, None)
-                self._tables.pop(f"summary:{sha}", None)
-        for sha in shas:
-            for path in (
-                self.cache_dir / "objects" / sha[:2] / sha,
-                self.cache_dir / "derived" / f"{sha}.summary.arrow",
-            ):
-                path.unlink(missing_ok=True)
-
-    def snapshot_bytes(self, version: int) -> bytes:
-        """The version's ``snapshot.json`` exactly as stored (verified by the registry)."""
-        with self._lock:
-            hit = self._snapshot_bytes.get(version)
-        if hit is not None:
-            return hit
-        data = self.registry.read_artifact(version, "snapshot.json")
-        with self._lock:
-            self._snapshot_bytes[version] = data
-        return data
-
-    # -- artifacts ----------------------------------------------------------------
-    def local(self, version: int, name: str) -> Path:
-        """A verified local copy of artifact ``name`` of ``version``."""
-        refs = self.record(version).artifacts
-        if name not in refs:
-            raise NotFound(
-                f"version {version} has no artifact {name!r}", version=version, name=name
-            )
-        return self._local_object(refs[name].sha256, refs[name].size)
-
-    def _local_object(self, sha256: str, size: int) -> Path:
-        path = self.cache_dir / "objects" / sha256[:2] / sha256
-        with self._lock:
-            lock = self._sha_locks.setdefault(sha256, threading.Lock())
-        with lock:
-            if sha256 in self._verified and path.is_file():
-                return path
-            if path.is_file() and sha256_file(path) != (sha256, size):
-                log.warning("cached artifact %s is corrupt; downloading it again", sha256)
-                path.unlink()
-            if not path.is_file():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                info = self.registry.store.download(sha256, path)
-                if (info.sha256, info.size) != (sha256, size):
-                    raise ChecksumMismatch(f"object {sha256} does not verify", sha256=sha256)
-            with self._lock:
-                self._verified.add(sha256)
-        return path
-
-    def ipc_table(self, version: int, name: str) -> pa.Table:
-        """An Arrow IPC file artifact as a memory-mapped table (zero-copy)."""
-        ref = self.record(version).artifacts.get(name)
-        if ref is None:
-            raise NotFound(
-                f"version {version} has no artifact {name!r}", version=version, name=name
-            )
-        with self._lock:
-            hit = self._tables.get(ref.sha256)
-        if hit is not None:
-            return hit
-        path = self.local(version, name)
-        with pa.memory_map(str(path)) as source:
-            table = pa.ipc.open_file(source).read_all()
-        with self._lock:
-            self._tables[ref.sha256] = table
-        return table
-
-    def manifest_summary(self, version: int) -> pa.Table:
-        """The manifest columns a step summary needs (``row``, tier, source, source
-        tier, license, numeric ``score_*``), memory-mapped from an Arrow file derived
-        once per manifest: Parquet has no cheap random access, a step's rows are
-        scattered across it."""
-        ref = self.record(version).artifacts["manifest.parquet"]
-        key = f"summary:{ref.sha256}"
-        with self._lock:
-            hit = self._tables.get(key)
-        if hit is not None:
-            return hit
-        path = self.cache_dir / "derived" / f"{ref.sha256}.summary.arrow"
-        if not path.is_file():
-            source = pq.ParquetFile(str(self.local(version, "manifest.parquet")))
-            schema = source.schema_arrow
-            names = [f.name for f in schema if _summary_column(f)]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-            with (
-                pa.OSFile(str(tmp), "wb") as sink,
-                pa.ipc.new_file(sink, pa.schema([schema.field(n) for n in names])) as writer,
-            ):
-                for batch in source.iter_batches(columns=names, batch_size=1 << 16):
-                    writer.write_batch(batch)
-            os.replace(tmp, path)  # atomic: readers see nothing or the whole file
-        with pa.memory_map(str(path)) as mapped:
-            table = pa.ipc.open_file(mapped).read_all()
-        with self._lock:
-            self._tables[key] = table
-        return table
-
-    # -- plan and index -----------------------------------------------------------
-    def plan_step(self, version: int, step: int) -> dict[str, Any]:
-        """One record of ``plan.arrow`` as a dict (NotFound past the last step)."""
-        plan = self.ipc_table(version, "plan.arrow")
-        if step < 0 or step >= plan.num_rows:
-            raise NotFound(
-                f"version {version} has steps 0..{plan.num_rows - 1}, not {step}",
-                version=version,
-                step=step,
-            )
-        record = plan.slice(step, 1).to_pylist()[0]
-        if record["step"] != step:  # steps are stored in order; anything else is corrupt
-            raise ChecksumMismatch(
-                f"plan.arrow of version {version} is out of order", version=version
-            )
-        return dict(record)
-
-    def clip_rows(self, version: int, clip_id: str) -> tuple[NDArray[np.int64], NDArray[np.int32]]:
-        """Manifest rows (and their stream ids) of ``clip_id`` in ``version``."""
-        index = self.ipc_table(version, "index.arrow")
-        hits = pc.indices_nonzero(pc.equal(index.column("clip_id"), clip_id))
-        if not len(hits):
-            return np.zeros(0, np.int64), np.zeros(0, np.int32)
-        taken = index.select(["row", "stream"]).take(hits)
-        return (
-            taken.column("row").to_numpy().astype(np.int64),
-            taken.column("stream").to_numpy().astype(np.int32),
-        )
-
-    def steps_of_rows(self, version: int, rows: Sequence[int]) -> dict[int, list[int]]:
-        """Every step of ``version`` whose batch holds each of ``rows``."""
-        if not len(rows):
-            return {}
-        if LINEAGE_ARTIFACT in self.record(version).artifacts:
-            # The cut's inverted index: one record per manifest row, its steps sorted.
-            lineage = self.ipc_table(version, LINEAGE_ARTIFACT)
-            picked = lineage.take(pa.array(np.asarray(rows, dtype=np.int64)))
-            return {
-                int(r): [int(s) for s in steps]
-                for r, steps in zip(
-                    picked.column("row").to_pylist(),
-                    picked.column("steps").to_pylist(),
-                    strict=True,
-                )
-            }
-        # No inverted index (a patch, or an older cut): scan the plan, vectorised.
-        plan = self.ipc_table(version, "plan.arrow")
-        wanted = pa.array(np.asarray(rows, dtype=np.int64))
-        out: dict[int, list[int]] = {int(r): [] for r in rows}
-        for chunk_rows, chunk_steps in zip(
-            plan.column("rows").chunks, plan.column("step").chunks, strict=True
-        ):
-            values = chunk_rows.values
-            offsets = chunk_rows.offsets.to_numpy()
-            base = int(offsets[0])
-            window = values.slice(base, int(offsets[-1]) - base)
-            where = np.flatnonzero(
-                pc.is_in(window, value_set=wanted).to_numpy(zero_copy_only=False)
-            )
-            if not len(where):
-                continue
-            owners = np.searchsorted(offsets, where + base, side="right") - 1
-            steps = chunk_steps.to_numpy()[owners]
-            hit_rows = window.to_numpy()[where]
-            for r, s in zip(hit_rows.tolist(), steps.tolist(), strict=True):
-                out[int(r)].append(int(s))
-        return {r: sorted(set(s)) for r, s in out.items()}
-
-    # -- SQL views over every version ---------------------------------------------
-    def version_dataset(self, name: str, fmt: str, versions: Sequence[int]) -> ds.Dataset:
-        """A dataset over artifact ``name`` of ``versions`` with a ``version`` column
-        (hive layout of hard links to the verified copies)."""
-        key = (name, tuple(versions))
-        with self._lock:
-            hit = self._views.get(key)
-        if hit is not None:
-            return hit
-        root = self.cache_dir / "views" / name.replace(".", "_")
-        paths = []
-        for v in versions:
-            link = root / f"version={v}" / name
-            target = self.local(v, name)
-            if not link.exists():
-                link.parent.mkdir(parents=True, exist_ok=True)
-                tmp = link.with_name(f".{name}.{os.getpid()}.{threading.get_ident()}")
-                os.link(target, tmp)
-                os.replace(tmp, link)  # atomic; a racing writer links the same bytes
-            paths.append(str(link))
-        partitioning = ds.partitioning(pa.schema([("version", pa.int64())]), flavor="hive")
-        if not paths:
-            return ds.dataset(pa.table({"version": pa.array([], pa.int64())}))
-        schemas = [ds.dataset(p, format=fmt).schema for p in paths]
-        schema = pa.unify_schemas([*schemas, pa.schema([("version", pa.int64())])])
-        made = ds.dataset(
-            paths,
-            format=fmt,
-            schema=schema,
-            partitioning=partitioning,
-            partition_base_dir=str(root),
-        )
-        with self._lock:
-            self._views[key] = made
-        return made
-
-    def snapshots_table(self) -> pa.Table:
-        """One row per published version (the ``snapshots`` SQL view)."""
-        rows = []
-        for v in self.versions():
-            rec = self.record(v)
-            snap = rec.snapshot
-            recipe = snap.get("recipe") if isinstance(snap.get("recipe"), Mapping) else {}
-            rows.append(
-                {
-                    "version": v,
-                    "parent": rec.parent,
-                    "patch_of": rec.patch_of,
-                    "created_at": rec.entry.created_at,
-                    "name": recipe.get("name") if isinstance(recipe, Mapping) else None,
-                    "recipe_sha256": rec.entry.recipe_sha256,
-                    "seed": snap.get("seed"),
-                    "code_version": str(snap.get("code_version")),
-                    "num_steps": snap.get("num_steps"),
-                    "plan_rows": snap.get("plan_rows"),
-                }
-            )
-        schema = pa.schema(
-            [
-                ("version", pa.int64()),
-                ("parent", pa.int64()),
-                ("patch_of", pa.int64()),
-                ("created_at", pa.string()),
-                ("name", pa.string()),
-                ("recipe_sha256", pa.string()),
-                ("seed", pa.int64()),
-                ("code_version", pa.string()),
-                ("num_steps", pa.int64()),
-                ("plan_rows", pa.int64()),
-            ]
-        )
-        return pa.Table.from_pylist(rows, schema=schema)
-
-
-# -- helpers ----------------------------------------------------------------------------
-def _summary_column(field: pa.Field) -> bool:
-    numeric = pa.types.is_floating(field.type) or pa.types.is_integer(field.type)
-    return field.name in _SUMMARY_COLUMNS or (field.name.startswith("score_") and numeric)
 
 
 def _jsonable_rows(table: pa.Table, drop: Sequence[str] = ()) -> list[dict[str, Any]]:

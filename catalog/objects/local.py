@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from catalog.atomic import atomic_file, fsync_dir
 from catalog.errors import ChecksumMismatch, Conflict, InvalidInput, NotFound, StorageError
 from catalog.hashing import CHUNK, is_sha256, require_sha256, sha256_bytes, sha256_file
 from catalog.objects.base import (
@@ -172,29 +173,20 @@ class LocalObjectStore(ObjectStore):
         src = self.object_path(require_sha256(sha256))
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
         digest = hashlib.sha256()
         size = 0
         try:
-            with open(src, "rb") as fin, open(tmp, "xb") as fout:
+            with open(src, "rb") as fin, atomic_file(dest) as fout:
                 while chunk := fin.read(CHUNK):
                     digest.update(chunk)
                     fout.write(chunk)
                     size += len(chunk)
-                fout.flush()
-                os.fsync(fout.fileno())
-            if digest.hexdigest() != sha256:
-                raise _mismatch(sha256, digest.hexdigest(), size, where=str(src))
-            os.replace(tmp, dest)
+                if digest.hexdigest() != sha256:
+                    raise _mismatch(sha256, digest.hexdigest(), size, where=str(src))
         except FileNotFoundError as exc:
-            tmp.unlink(missing_ok=True)
             if exc.filename == str(src):
                 raise NotFound(f"object {sha256} not found", sha256=sha256) from None
             raise StorageError(f"cannot write {dest}: {exc}", path=str(dest)) from exc
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(dest.parent)
         return ObjectInfo(sha256, size)
 
     def verify(self, sha256: str) -> ObjectInfo:
@@ -215,7 +207,7 @@ class LocalObjectStore(ObjectStore):
             path.unlink()
         except FileNotFoundError:
             return False
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
         return True
 
     def iter_objects(self) -> Iterator[ObjectInfo]:
@@ -247,7 +239,7 @@ class LocalObjectStore(ObjectStore):
             raise StorageError(f"cannot create key {key!r}: {exc}", key=key) from exc
         finally:
             tmp.unlink(missing_ok=True)
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
 
     def get_key(self, key: str) -> bytes:
         path = self._key_path(key)
@@ -338,7 +330,7 @@ class LocalObjectStore(ObjectStore):
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
         return PutResult(ObjectInfo(sha256, size), created=True)
 
     def _existing(self, sha256: str, size: int) -> PutResult | None:
@@ -431,12 +423,4 @@ def _makedirs(root: Path, directory: Path) -> None:
         # A concurrent writer may have made it; fsync the parent anyway, since that
         # writer may not have got to its own fsync before our link() relies on it.
         d.mkdir(exist_ok=True)
-        _fsync_dir(d.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(d.parent)

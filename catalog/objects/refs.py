@@ -34,16 +34,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from catalog.atomic import atomic_file
 from catalog.errors import ChecksumMismatch, Conflict, InvalidInput, NotFound, StorageError
 from catalog.hashing import CHUNK, require_sha256
 from catalog.objects.base import ObjectInfo, ObjectStore, PutResult
@@ -182,14 +181,12 @@ def download_ref(store: ObjectStore, sha256: str, dest: str | Path) -> ObjectInf
     """
     ref = _require_ref(store, sha256)
     dest = Path(dest)
-    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
     digest, size = hashlib.sha256(), 0
-    try:
-        with open(tmp, "xb") as out:
-            for chunk in iter_url(ref.url, store.s3_connection):
-                digest.update(chunk)
-                out.write(chunk)
-                size += len(chunk)
+    with atomic_file(dest) as out:
+        for chunk in iter_url(ref.url, store.s3_connection):
+            digest.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
         actual = digest.hexdigest()
         if actual != sha256 or size != ref.size:
             record_failure(store, ref, actual, size)
@@ -200,10 +197,6 @@ def download_ref(store: ObjectStore, sha256: str, dest: str | Path) -> ObjectInf
                 actual=actual,
                 url=ref.url,
             )
-        os.replace(tmp, dest)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
     return ObjectInfo(sha256, size)
 
 

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
+from catalog.atomic import atomic_file
 from catalog.errors import (
     ChecksumMismatch,
     Conflict,
@@ -69,7 +70,6 @@ from catalog.objects.local import (
     _check_range,
     _check_reason,
     _check_supplied,
-    _fsync_dir,
     _range_error,
 )
 from catalog.objects.s3_checksums import b64, full_object_sha256, probe_checksums
@@ -313,24 +313,15 @@ class S3ObjectStore(ObjectStore):
         key = self.key_of(sha256)
         dest = Path(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            with open(tmp, "xb") as f:
+        with atomic_file(dest) as f:
 
-                def reset() -> None:
-                    f.seek(0)
-                    f.truncate()
+            def reset() -> None:
+                f.seek(0)
+                f.truncate()
 
-                actual, size = self._read_all(key, f.write, reset)
-                f.flush()
-                os.fsync(f.fileno())
+            actual, size = self._read_all(key, f.write, reset)
             if actual != sha256:
                 raise _mismatch(sha256, actual, size, key)
-            os.replace(tmp, dest)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        _fsync_dir(dest.parent)
         return ObjectInfo(sha256, size)
 
     def verify(self, sha256: str) -> ObjectInfo:

@@ -20,12 +20,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
-
+from catalog.atomic import write_bytes
 from catalog.errors import InvalidInput, NotFound
 from catalog.hashing import is_sha256
 from catalog.objects.local import LocalObjectStore
-from loader.format import registry_key
+from manifests.format import registry_key
+from manifests.ipc import read_table
 
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog
@@ -106,14 +106,9 @@ class Inventory:
         """Write the JSONL file atomically (temp file, fsync, rename)."""
         out = Path(out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(json.dumps(self.header, sort_keys=True) + "\n")
-            for entry in self.entries:
-                f.write(json.dumps(asdict(entry), sort_keys=True) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
+        lines = [json.dumps(self.header, sort_keys=True)]
+        lines += [json.dumps(asdict(entry), sort_keys=True) for entry in self.entries]
+        write_bytes(out, "".join(line + "\n" for line in lines).encode())
         return out
 
     @property
@@ -218,8 +213,8 @@ def _cache_paths(root: Path, sha: str) -> Iterator[Path]:
 
 def referenced_objects(registry: Registry, version: int) -> tuple[list[str], list[str]]:
     """Latent and text-embedding object SHA-256s ``version``'s index references."""
-    with registry.local_artifact(version, "index.arrow") as path, pa.memory_map(str(path)) as src:
-        index = pa.ipc.open_file(src).read_all()
+    with registry.local_artifact(version, "index.arrow") as path:
+        index = read_table(path, what="index.arrow")
         latents = sorted(set(index.column("object_sha256").to_pylist()))
         texts = sorted(
             {s for row in index.column("text_embedding_sha256").to_pylist() for s in row if s}

@@ -226,6 +226,7 @@ def check_restore(
     """
     import pyarrow as pa
 
+    from manifests.ipc import read_table
     from manifests.registry import Registry
 
     pointer, spec, store = load_spec(spec_file, endpoint_url)
@@ -234,13 +235,11 @@ def check_restore(
     work = Path(work_dir)
     plan_path = registry.artifact_path(version, "plan.arrow", work)
     index_path = registry.artifact_path(version, "index.arrow", work)
-    with pa.memory_map(str(plan_path)) as src:
-        plan = pa.ipc.open_file(src).read_all()
+    plan = read_table(plan_path, what="plan.arrow")
     if not 0 <= step < plan.num_rows:
         raise InvalidInput(f"step {step} is not in the plan (0..{plan.num_rows - 1})", step=step)
     rows = plan.column("rows")[step].as_py()
-    with pa.memory_map(str(index_path)) as src:
-        index = pa.ipc.open_file(src).read_all().take(pa.array(rows))
+    index = read_table(index_path, what="index.arrow").take(pa.array(rows))
     read = 0
     for obj, off, length, member in zip(
         index.column("object_sha256").to_pylist(),

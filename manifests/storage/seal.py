@@ -16,12 +16,12 @@ restore needs besides credentials.
 from __future__ import annotations
 
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from catalog.atomic import write_bytes
 from catalog.errors import ChecksumMismatch, Conflict, InvalidInput, NotFound
 from catalog.hashing import sha256_bytes
 from catalog.objects.s3 import S3ObjectStore
@@ -150,15 +150,9 @@ def seal(
 
 
 def write_json_atomic(path: Path, value: Any) -> None:
-    """Write JSON via a fsync'd temp file renamed into place."""
+    """Write ``value`` as indented JSON, atomically (:mod:`catalog.atomic`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=2, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_bytes(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode())
 
 
 def _verify_stored(store: S3ObjectStore, receipts: list[Receipt]) -> None:

@@ -19,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from catalog.errors import InvalidInput, InvalidRecipe
-from loader.format import PLAN_SCHEMA
+from manifests.format import PLAN_SCHEMA
 from materializer.plan.buckets import BucketScheduler
 from materializer.plan.draw import PoolWalk
 from materializer.plan.layout import PhaseModel, check_quotas
@@ -88,7 +88,7 @@ class StepChunk:
         )
 
     def to_record_batch(self) -> pa.RecordBatch:
-        """The chunk as a :data:`~loader.format.PLAN_SCHEMA` record batch (no copies of
+        """The chunk as a :data:`~manifests.format.PLAN_SCHEMA` record batch (no copies of
         the row values; list arrays built from offsets and flat values)."""
         m, k = self.stream_epochs.shape
         epochs = pa.ListArray.from_arrays(

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from loader.format import PLAN_SCHEMA
+from catalog.atomic import atomic_path
+from manifests.format import PLAN_SCHEMA
 from materializer.plan.rng import check_seed
 from materializer.plan.spec import PhaseSpec
 from materializer.plan.steps import (
@@ -72,7 +72,7 @@ def write_plan(
 
     Streams one record batch per chunk of :func:`generate_steps`, so memory is bounded
     by a chunk (``batch_rows``) plus the pools, never the plan. The file appears
-    atomically (temp file, fsync, rename) and is byte-identical for the same phases,
+    atomically (:func:`catalog.atomic.atomic_path`) and is byte-identical for the same phases,
     seed, ``num_streams``, ``batch_rows`` and ``batch_steps``.
 
     Raises:
@@ -82,28 +82,18 @@ def write_plan(
     check_batching(batch_rows, batch_steps)
     models, k = phase_models(phases, num_streams)
     chunks = iter_chunks(models, seed, k, batch_rows, batch_steps)
-    target = Path(path)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    tmp = Path(tmp_name)
     stats: list[PhaseStats] = []
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            sink = _HashingSink(raw)
-            with (
-                pa.PythonFile(sink, mode="w") as stream,
-                pa.ipc.new_file(
-                    stream, PLAN_SCHEMA, options=pa.ipc.IpcWriteOptions(compression=None)
-                ) as writer,
-            ):
-                for chunk in chunks:
-                    if not stats or stats[-1].model.spec.index != chunk.phase:
-                        stats.append(PhaseStats(models[chunk.phase], chunk.first_step, k))
-                    stats[-1].add(chunk)
-                    writer.write_batch(chunk.to_record_batch())
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(Path(path)) as tmp, open(tmp, "wb") as raw:
+        sink = _HashingSink(raw)
+        with (
+            pa.PythonFile(sink, mode="w") as stream,
+            pa.ipc.new_file(
+                stream, PLAN_SCHEMA, options=pa.ipc.IpcWriteOptions(compression=None)
+            ) as writer,
+        ):
+            for chunk in chunks:
+                if not stats or stats[-1].model.spec.index != chunk.phase:
+                    stats.append(PhaseStats(models[chunk.phase], chunk.first_step, k))
+                stats[-1].add(chunk)
+                writer.write_batch(chunk.to_record_batch())
     return summarise(stats, sink.hash.hexdigest(), sink.size)

@@ -34,6 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from catalog.errors import CacheError, CacheFull, ChecksumMismatch, InvalidInput, StorageError
 from loader import cache as cache_module
 from loader.cache import NodeCache
+from loader.owners import proc_stat
 
 WORKER = Path(__file__).with_name("_cache_worker.py")
 
@@ -764,7 +765,7 @@ def test_opening_reclaims_what_dead_processes_left(root: Path, src: Source) -> N
 
 def test_a_killed_zombie_holds_nothing(root: Path, src: Source) -> None:
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    start = cache_module._proc_stat(proc.pid)
+    start = proc_stat(proc.pid)
     assert start is not None
     with _open(root) as cache:
         src.read(cache, src.keys[0])
@@ -779,7 +780,7 @@ def test_a_killed_zombie_holds_nothing(root: Path, src: Source) -> None:
         assert cache.stats()["leases"] == 1  # alive: its lease stands
     os.kill(proc.pid, signal.SIGKILL)
     deadline = time.monotonic() + 10
-    while (cache_module._proc_stat(proc.pid) or ("Z", 0))[0] != "Z":  # not reaped yet
+    while (proc_stat(proc.pid) or ("Z", 0))[0] != "Z":  # not reaped yet
         assert time.monotonic() < deadline
         time.sleep(0.01)
     with _open(root) as cache:

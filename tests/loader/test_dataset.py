@@ -30,7 +30,8 @@ from loader.decode import (
     sniff_format,
 )
 from loader.source import StoreSource
-from tests.loader.synth import CorruptingSource, SynthSnapshot, serve_http, write_snapshot
+from manifests.synthetic import SynthSnapshot, write_snapshot
+from tests.loader.synth import CorruptingSource, serve_http
 
 MB = 1 << 20
 

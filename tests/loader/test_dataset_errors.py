@@ -12,9 +12,11 @@ import pytest
 import torch
 
 from catalog.errors import ChecksumMismatch, IntegrityError
-from loader.dataset import SnapshotDataset, _BatchBuffer, _Step
+from loader.batch import BatchBuffer, Step
+from loader.dataset import SnapshotDataset
 from loader.plan import StepInfo
-from tests.loader.synth import CorruptingSource, write_snapshot
+from manifests.synthetic import write_snapshot
+from tests.loader.synth import CorruptingSource
 
 MB = 1 << 20
 
@@ -44,16 +46,14 @@ def test_a_latent_that_does_not_fit_its_bucket_names_its_clip() -> None:
     info = StepInfo(
         step=4, phase=0, bucket=1, stream_epochs=np.zeros(1, np.int32), batch_size=2, skipped=0
     )
-    buffer = _BatchBuffer(2, None)
+    buffer = BatchBuffer(2, None)
     assert buffer.slots(0, {"latent": (torch.float32, (2, 9, 3, 3))}) is not None
     fits: Future[dict[str, torch.Tensor] | None] = Future()
     fits.set_result(None)
     misfit: Future[dict[str, torch.Tensor] | None] = Future()
     misfit.set_result({"latent": torch.zeros(2, 4, 3, 3)})
     table = pa.table({"clip_id": ["clip-a", "clip-b"], "object_sha256": ["aa" * 32, "bb" * 32]})
-    step = _Step(
-        info, np.array([10, 11]), table, [None, None], buffer, [fits, misfit], [None, None]
-    )
+    step = Step(info, np.array([10, 11]), table, [None, None], buffer, [fits, misfit], [None, None])
     with pytest.raises(IntegrityError) as exc:
         step.assemble()
     assert (exc.value.clip_id, exc.value.object_sha256, exc.value.row) == ("clip-b", "bb" * 32, 11)

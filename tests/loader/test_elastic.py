@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from catalog.objects import ObjectStore
-from tests.loader.synth import SynthSnapshot, write_snapshot
+from manifests.synthetic import SynthSnapshot, write_snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 

@@ -30,7 +30,8 @@ _SCRIPT = textwrap.dedent(
 
     sys.meta_path.insert(0, Block())
 
-    import loader, loader.cache, loader.dataset, loader.decode, loader.plan, loader.source
+    import loader, loader.cache, loader.dataset, loader.decode, loader.mapped, loader.plan
+    import loader.cache_schema, loader.owners, loader.snapshot, loader.source
     from loader import NodeCache, PlanReader, SnapshotDataset, open_plan
 
     # The blocker really blocks.
@@ -41,7 +42,7 @@ _SCRIPT = textwrap.dedent(
     else:
         raise SystemExit("the blocker let fastapi through")
 
-    from tests.loader.synth import write_snapshot
+    from manifests.synthetic import write_snapshot
 
     tmp = sys.argv[1]
     snap = write_snapshot(tmp + "/store", num_steps=2, formats=("safetensors", "pt", "npy"))

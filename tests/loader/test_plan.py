@@ -13,16 +13,11 @@ import pytest
 
 from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput, NotFound
 from catalog.objects import open_store
-from loader.format import registry_key
 from loader.plan import PlanReader, open_plan
 from loader.source import HttpSource, StoreSource, open_source
-from tests.loader.synth import (
-    CorruptingSource,
-    CountingSource,
-    serve_http,
-    write_big_snapshot,
-    write_snapshot,
-)
+from manifests.format import registry_key
+from manifests.synthetic import write_big_snapshot, write_snapshot
+from tests.loader.synth import CorruptingSource, CountingSource, serve_http
 
 
 @pytest.fixture

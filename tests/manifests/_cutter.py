@@ -1,7 +1,7 @@
 """Synthetic snapshot cuts for the registry tests, and the child process of the race test.
 
 ``make_cut`` writes tiny ``manifest.parquet``/``plan.arrow``/``index.arrow`` files with
-the schemas of :mod:`loader.format` and the ``snapshot.json`` metadata a cut would
+the schemas of :mod:`manifests.format` and the ``snapshot.json`` metadata a cut would
 publish. Run as ``python -m tests.manifests._cutter CONFIG_JSON``, it waits for a go
 file and then publishes cuts as fast as it can, printing one JSON line per attempt.
 """
@@ -22,7 +22,8 @@ import pyarrow.parquet as pq
 
 from catalog.errors import Conflict
 from catalog.objects import open_store
-from loader.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
+from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
+from manifests.ipc import write_table
 from manifests.registry import Registry, canonical_json
 
 STREAMS = ["main", "aux"]
@@ -55,10 +56,8 @@ def write_index(path: Path, clip_ids: Sequence[str], asset_ids: Sequence[str]) -
         },
         schema=INDEX_SCHEMA,
     )
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, INDEX_SCHEMA) as writer:
-        # Two batches, so that readers must walk batches.
-        for batch in table.to_batches(max_chunksize=max(1, (n + 1) // 2)):
-            writer.write_batch(batch)
+    # Two batches, so that readers must walk batches.
+    write_table(path, table, max_chunksize=max(1, (n + 1) // 2))
     return table
 
 
@@ -82,9 +81,7 @@ def write_plan(
         },
         schema=PLAN_SCHEMA,
     )
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, PLAN_SCHEMA) as writer:
-        for batch in table.to_batches(max_chunksize=batch_steps):
-            writer.write_batch(batch)
+    write_table(path, table, max_chunksize=batch_steps)
 
 
 def random_steps(num_rows: int, num_steps: int, batch: int, seed: int) -> list[list[int]]:

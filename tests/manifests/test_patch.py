@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 from catalog.errors import IntegrityError, InvalidInput, NotFound
 from catalog.objects import ObjectStore
 from catalog.objects.local import LocalObjectStore
-from loader.format import PLAN_SCHEMA
-from manifests import SKIPPED_NAME, Registry, patch
-from manifests.patch import filter_plan_batch
+from manifests import Registry
+from manifests.format import PLAN_SCHEMA, SKIPPED_NAME
+from manifests.patch import filter_plan_batch, patch
 from tests.manifests._cutter import make_cut
 
 

@@ -17,8 +17,8 @@ from catalog.hashing import sha256_bytes, sha256_file
 from catalog.objects import ObjectStore
 from catalog.objects.local import LocalObjectStore
 from catalog.objects.s3 import S3ObjectStore
-from loader.format import ARTIFACT_NAMES, registry_key
 from manifests import Registry, SnapshotRecord, canonical_json
+from manifests.format import ARTIFACT_NAMES, registry_key
 from tests.fixtures.s3 import s3_client
 from tests.manifests._cutter import make_cut, sha
 

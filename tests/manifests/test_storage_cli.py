@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
-from service.demo.corpus import generate_corpus
 from manifests.registry import Registry
 from materializer.cut import cut_snapshot
 from materializer.recipe import load_recipe

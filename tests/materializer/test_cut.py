@@ -17,9 +17,9 @@ import pytest
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
 from catalog.errors import InvalidInput, InvalidRecipe
-from loader.format import SNAPSHOT_REQUIRED_KEYS
+from manifests.format import LINEAGE_NAME, SNAPSHOT_REQUIRED_KEYS
 from manifests.registry import Registry
-from materializer.cut import LINEAGE_NAME, build_artifacts, cut_snapshot
+from materializer.cut import build_artifacts, cut_snapshot
 from materializer.recipe import Recipe, load_recipe
 from service.demo.corpus import generate_corpus
 from tests.fixtures.recipes import small_corpus_demo, write_small_corpus_demo

@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from catalog.errors import InvalidInput, InvalidRecipe
-from loader.format import PLAN_SCHEMA
+from manifests.format import PLAN_SCHEMA
 from materializer.plan import (
     PhaseSpec,
     PlanSummary,

@@ -10,10 +10,10 @@ import pytest
 
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
-from catalog.synthetic import generate_corpus
 from materializer.recipe import Recipe, load_recipe
 from materializer.select import select
 from materializer.validate import resolve_pin
+from service.demo.corpus import generate_corpus
 from tests.fixtures.recipes import small_corpus_demo
 
 

@@ -4,7 +4,7 @@ Eight train assets and two eval assets (forced ``split = eval`` at ingest, so no
 depends on the random carve-out salt), two clips per asset, a latent object per
 clip, two versions of an ``aesthetic`` score, captions, a tombstone, and two
 snapshot versions published through the real registry with the artifact schemas of
-:mod:`loader.format` (a stand-in for the cut until ``materializer.cut`` exists).
+:mod:`manifests.format` (a stand-in for the cut until ``materializer.cut`` exists).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ import pyarrow.parquet as pq
 
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
-from loader.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
+from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
+from manifests.ipc import write_table
 from manifests.registry import Registry, SnapshotRecord, canonical_json
 from service.auth import hash_token
 from service.settings import Settings
@@ -252,12 +253,7 @@ def write_fake_cut(
         },
         schema=INDEX_SCHEMA,
     )
-    with (
-        pa.OSFile(str(directory / "index.arrow"), "wb") as sink,
-        pa.ipc.new_file(sink, INDEX_SCHEMA) as writer,
-    ):
-        for batch in index.to_batches(max_chunksize=5):
-            writer.write_batch(batch)
+    write_table(directory / "index.arrow", index, max_chunksize=5)
     steps = [rng.choice(n, size=4, replace=False).tolist() for _ in range(6)]
     plan = pa.table(
         {
@@ -272,12 +268,7 @@ def write_fake_cut(
         },
         schema=PLAN_SCHEMA,
     )
-    with (
-        pa.OSFile(str(directory / "plan.arrow"), "wb") as sink,
-        pa.ipc.new_file(sink, PLAN_SCHEMA) as writer,
-    ):
-        for batch in plan.to_batches(max_chunksize=4):
-            writer.write_batch(batch)
+    write_table(directory / "plan.arrow", plan, max_chunksize=4)
     manifest = index.append_column(
         "tier", pa.array(["gold" if i % 2 else "silver" for i in range(n)])
     ).append_column("phase", pa.array(np.zeros(n, np.int32)))

@@ -1,6 +1,7 @@
-"""The on-disk format of a snapshot's artifacts, shared by the writer (materializer,
+"""The on-disk format of a snapshot's artifacts, shared by the writers (materializer,
 manifests) and the reader (loader). This module is the contract: change it only with
-both sides and bump ``FORMAT_VERSION``.
+both sides and bump ``FORMAT_VERSION``. It imports only the standard library and
+pyarrow, so that a GPU node's loader can read it.
 
 Artifacts of one snapshot (each stored content-addressed in the object store):
 
@@ -22,7 +23,20 @@ Artifacts of one snapshot (each stored content-addressed in the object store):
     Every manifest column (a superset of the index: lineage refs, score versions,
     job ids...), same row order.
 
-``snapshot.json``
+``lineage.arrow`` (:data:`LINEAGE_NAME`, written by a cut, optional)
+    Arrow IPC *file*, uncompressed, schema :data:`LINEAGE_SCHEMA`: one record per
+    manifest row (``row``, its sorted ``steps``), so "which steps served this row" is
+    O(1). A patch has none (its plan differs from its base's).
+
+``skipped.parquet`` (:data:`SKIPPED_NAME`, written by a patch)
+    Schema :data:`SKIPPED_SCHEMA`: every (step, row) a chain of patches removed from
+    the plan, with its clip and reason.
+
+``excluded_rows.parquet`` (:data:`EXCLUDED_NAME`, written by a patch)
+    Schema :data:`EXCLUDED_SCHEMA`: every manifest row the chain of patches excluded,
+    served or not.
+
+``snapshot.json`` (:data:`SNAPSHOT_JSON`)
     Metadata; see :data:`SNAPSHOT_REQUIRED_KEYS`. ``artifacts`` maps each artifact
     name to ``{"sha256", "size"}``; ``streams`` lists stream names by id;
     ``buckets`` lists ``{"id", "num_frames", "aspect"}`` by id; ``phases`` lists
@@ -45,9 +59,19 @@ import pyarrow as pa
 
 __all__ = [
     "ARTIFACT_NAMES",
+    "EXCLUDED_NAME",
+    "EXCLUDED_SCHEMA",
     "FORMAT_VERSION",
+    "INDEX_NAME",
     "INDEX_SCHEMA",
+    "LINEAGE_NAME",
+    "LINEAGE_SCHEMA",
+    "MANIFEST_NAME",
+    "PLAN_NAME",
     "PLAN_SCHEMA",
+    "SKIPPED_NAME",
+    "SKIPPED_SCHEMA",
+    "SNAPSHOT_JSON",
     "SNAPSHOT_REQUIRED_KEYS",
     "erasure_key",
     "erasure_prefix",
@@ -96,7 +120,41 @@ INDEX_SCHEMA = pa.schema(
     metadata={"vidlake.format": str(FORMAT_VERSION), "vidlake.artifact": "index"},
 )
 
-ARTIFACT_NAMES = ("manifest.parquet", "plan.arrow", "index.arrow")
+LINEAGE_SCHEMA = pa.schema(
+    [
+        pa.field("row", pa.int64(), nullable=False),
+        pa.field("steps", pa.large_list(pa.int64()), nullable=False),
+    ],
+    metadata={"vidlake.format": str(FORMAT_VERSION), "vidlake.artifact": "lineage"},
+)
+
+SKIPPED_SCHEMA = pa.schema(
+    [
+        pa.field("step", pa.int64(), nullable=False),
+        pa.field("row", pa.int64(), nullable=False),
+        pa.field("clip_id", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+    ]
+)
+
+EXCLUDED_SCHEMA = pa.schema(
+    [
+        pa.field("row", pa.int64(), nullable=False),
+        pa.field("clip_id", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+    ]
+)
+
+PLAN_NAME = "plan.arrow"
+INDEX_NAME = "index.arrow"
+MANIFEST_NAME = "manifest.parquet"
+LINEAGE_NAME = "lineage.arrow"
+SKIPPED_NAME = "skipped.parquet"
+EXCLUDED_NAME = "excluded_rows.parquet"
+SNAPSHOT_JSON = "snapshot.json"
+
+#: The artifacts every published version has (besides ``snapshot.json``).
+ARTIFACT_NAMES = (MANIFEST_NAME, PLAN_NAME, INDEX_NAME)
 
 SNAPSHOT_REQUIRED_KEYS = frozenset(
     {
