@@ -4,7 +4,7 @@ These are not storage models. The catalog's tables, the registry's entries and t
 job store's rows have their own types; routers translate, so that the API can stay
 stable while storage changes (and the OpenAPI document shows exactly these). One
 exception: :class:`DiffPublic` is the registry's computed (not stored)
-:class:`~manifests.registry.SnapshotDiff` as it is, rather than a copy of its fields.
+:class:`~manifests.diff.SnapshotDiff` as it is, rather than a copy of its fields.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from manifests.registry import SnapshotDiff
+from manifests.diff import SnapshotDiff
 
 __all__ = [
     "ClipLineage",
