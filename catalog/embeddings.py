@@ -31,6 +31,10 @@ catalog :class:`~catalog.pins.Pin` records that number for each model a cut read
 embeddings were added since. Each table records its model version in its schema
 metadata (``vidlake.model_version``), so :func:`list_models` can name the models a
 LanceDB directory holds. Erasing an asset's vectors is :mod:`catalog.erase.vectors`.
+
+Why this module is a little over 500 lines: :class:`EmbeddingIndex` is one class
+over one LanceDB table (connection, version, schema checks); the vector math and
+the erasure live in their own modules.
 """
 
 from __future__ import annotations

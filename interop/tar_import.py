@@ -37,6 +37,10 @@ Verification happens at read time: the loader checks each member's SHA-256 befor
 ``torch.load``; :func:`verify_shards` (and any whole-object download through a
 reference) checks a whole shard, and :func:`quarantine_failed` quarantines the samples
 of every shard that failed.
+
+Why this module is a little over 500 lines: the import is one resumable pipeline
+(check, register, ingest, verify) whose steps share the run's state; the manifest
+format and the shard index live in their own modules.
 """
 
 from __future__ import annotations

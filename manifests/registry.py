@@ -21,6 +21,10 @@ Pins are an append-only log of create-only events
 decides whether a version is pinned (:mod:`manifests.pins`). Diffs between versions
 are computed in :mod:`manifests.diff`; verified local copies of artifacts come from
 :mod:`manifests.artifacts`.
+
+Why this module is a little over 500 lines: :class:`Registry` is the one writer of
+the registry's keys, and its methods share the store, the key layout and the read
+cache; what stands alone (diffs, pins, artifact copies) lives in its own module.
 """
 
 from __future__ import annotations

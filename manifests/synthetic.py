@@ -15,6 +15,9 @@ seeded permutation of its rows, one epoch after another.
 Reason this lives in the package rather than under ``tests/``: ``benchmarks/`` and the
 loader's import-isolation check run it, and benchmarks do not import ``tests``. It
 imports no pyiceberg, DuckDB or FastAPI (torch only for ``pt`` latents, lazily).
+
+Why this module is a little over 500 lines: the small and the big snapshot share
+the object layout and the publication; splitting them would copy that code.
 """
 
 from __future__ import annotations
