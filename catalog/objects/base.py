@@ -24,10 +24,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from catalog.errors import ChecksumMismatch, InvalidInput
 from catalog.hashing import require_sha256
 from catalog.objects.s3_client import S3Connection
 
-__all__ = ["OBJECTS_DIR", "ObjectInfo", "ObjectStore", "PutResult", "check_key", "object_key"]
+__all__ = [
+    "OBJECTS_DIR",
+    "ObjectInfo",
+    "ObjectStore",
+    "PutResult",
+    "check_key",
+    "check_range",
+    "check_reason",
+    "check_supplied",
+    "corrupt",
+    "object_key",
+    "range_error",
+]
 
 log = logging.getLogger("vidlake.objects")
 
@@ -172,3 +185,52 @@ class ObjectStore(ABC):
         except NotFound:
             return False
         return True
+
+
+# -- checks and errors every store shares --------------------------------------------
+def check_supplied(sha256: str | None, actual: str, size: int) -> None:
+    if sha256 is not None and require_sha256(sha256) != actual:
+        raise ChecksumMismatch(
+            f"content hashes to {actual}, not to the supplied {sha256}",
+            sha256=sha256,
+            actual=actual,
+            size=size,
+        )
+
+
+def corrupt(sha256: str, actual: str, size: int, **context: str) -> ChecksumMismatch:
+    """The error for stored object ``sha256`` whose ``size`` bytes hash to ``actual``
+    (``context`` names where: a local path, an S3 key)."""
+    return ChecksumMismatch(
+        f"object {sha256} is corrupt: its {size} bytes hash to {actual}",
+        sha256=sha256,
+        actual=actual,
+        size=size,
+        **context,
+    )
+
+
+def check_range(offset: int, length: int) -> None:
+    if offset < 0 or length < 0:
+        raise InvalidInput(
+            f"a range needs offset >= 0 and length >= 0, got offset={offset} length={length}",
+            field="range",
+            offset=offset,
+            length=length,
+        )
+
+
+def range_error(sha256: str, offset: int, length: int, size: int) -> InvalidInput:
+    return InvalidInput(
+        f"range [{offset}, {offset + length}) lies beyond object {sha256} of {size} bytes",
+        field="range",
+        sha256=sha256,
+        offset=offset,
+        length=length,
+        size=size,
+    )
+
+
+def check_reason(reason: str) -> None:
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("delete needs a non-empty reason (it is logged)", field="reason")

@@ -37,8 +37,13 @@ from catalog.objects.base import (
     ObjectStore,
     PutResult,
     check_key,
+    check_range,
+    check_reason,
+    check_supplied,
+    corrupt,
     log,
     object_key,
+    range_error,
 )
 from catalog.objects.s3_client import S3Connection
 
@@ -94,7 +99,7 @@ class LocalObjectStore(ObjectStore):
     # -- content-addressed objects ---------------------------------------------------
     def put_bytes(self, data: bytes, sha256: str | None = None) -> PutResult:
         actual = sha256_bytes(data)
-        _check_supplied(sha256, actual, len(data))
+        check_supplied(sha256, actual, len(data))
         existing = self._existing(actual, len(data))
         if existing is not None:
             return existing
@@ -108,7 +113,7 @@ class LocalObjectStore(ObjectStore):
             if info is not None and info.size == size:
                 # Stored already: hashing the file (no copy) settles the claim.
                 actual, size = sha256_file(path)
-                _check_supplied(sha256, actual, size)
+                check_supplied(sha256, actual, size)
                 existing = self._existing(actual, size)
                 if existing is not None:
                     return existing
@@ -131,7 +136,7 @@ class LocalObjectStore(ObjectStore):
             tmp = self._write_tmp(copy)
         actual = digest.hexdigest()
         try:
-            _check_supplied(sha256, actual, copied)
+            check_supplied(sha256, actual, copied)
             existing = self._existing(actual, copied)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -153,17 +158,17 @@ class LocalObjectStore(ObjectStore):
         data = _read(path, sha256)
         actual = sha256_bytes(data)
         if actual != sha256:
-            raise _mismatch(sha256, actual, len(data), where=str(path))
+            raise corrupt(sha256, actual, len(data), where=str(path))
         return data
 
     def get_range(self, sha256: str, offset: int, length: int) -> bytes:
-        _check_range(offset, length)
+        check_range(offset, length)
         path = self.object_path(require_sha256(sha256))
         try:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 if offset + length > size:
-                    raise _range_error(sha256, offset, length, size)
+                    raise range_error(sha256, offset, length, size)
                 f.seek(offset)
                 return f.read(length)
         except FileNotFoundError:
@@ -182,7 +187,7 @@ class LocalObjectStore(ObjectStore):
                     fout.write(chunk)
                     size += len(chunk)
                 if digest.hexdigest() != sha256:
-                    raise _mismatch(sha256, digest.hexdigest(), size, where=str(src))
+                    raise corrupt(sha256, digest.hexdigest(), size, where=str(src))
         except FileNotFoundError as exc:
             if exc.filename == str(src):
                 raise NotFound(f"object {sha256} not found", sha256=sha256) from None
@@ -196,11 +201,11 @@ class LocalObjectStore(ObjectStore):
         except FileNotFoundError:
             raise NotFound(f"object {sha256} not found", sha256=sha256) from None
         if actual != sha256:
-            raise _mismatch(sha256, actual, size, where=str(path))
+            raise corrupt(sha256, actual, size, where=str(path))
         return ObjectInfo(sha256, size)
 
     def delete(self, sha256: str, *, reason: str) -> bool:
-        _check_reason(reason)
+        check_reason(reason)
         path = self.object_path(require_sha256(sha256))
         log.warning("deleting object %s from %s: %s", sha256, self.url, reason)
         try:
@@ -349,52 +354,6 @@ class LocalObjectStore(ObjectStore):
         if self.verify_existing or size <= _CHEAP_VERIFY_BYTES:
             self.verify(sha256)
         return PutResult(info, created=False)
-
-
-def _check_supplied(sha256: str | None, actual: str, size: int) -> None:
-    if sha256 is not None and require_sha256(sha256) != actual:
-        raise ChecksumMismatch(
-            f"content hashes to {actual}, not to the supplied {sha256}",
-            sha256=sha256,
-            actual=actual,
-            size=size,
-        )
-
-
-def _mismatch(sha256: str, actual: str, size: int, *, where: str) -> ChecksumMismatch:
-    return ChecksumMismatch(
-        f"object {sha256} is corrupt: its {size} bytes hash to {actual}",
-        sha256=sha256,
-        actual=actual,
-        size=size,
-        where=where,
-    )
-
-
-def _check_range(offset: int, length: int) -> None:
-    if offset < 0 or length < 0:
-        raise InvalidInput(
-            f"a range needs offset >= 0 and length >= 0, got offset={offset} length={length}",
-            field="range",
-            offset=offset,
-            length=length,
-        )
-
-
-def _range_error(sha256: str, offset: int, length: int, size: int) -> InvalidInput:
-    return InvalidInput(
-        f"range [{offset}, {offset + length}) lies beyond object {sha256} of {size} bytes",
-        field="range",
-        sha256=sha256,
-        offset=offset,
-        length=length,
-        size=size,
-    )
-
-
-def _check_reason(reason: str) -> None:
-    if not isinstance(reason, str) or not reason.strip():
-        raise InvalidInput("delete needs a non-empty reason (it is logged)", field="reason")
 
 
 def _file_size(path: str | Path) -> int:

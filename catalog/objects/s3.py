@@ -63,14 +63,13 @@ from catalog.objects.base import (
     ObjectStore,
     PutResult,
     check_key,
+    check_range,
+    check_reason,
+    check_supplied,
+    corrupt,
     log,
     object_key,
-)
-from catalog.objects.local import (
-    _check_range,
-    _check_reason,
-    _check_supplied,
-    _range_error,
+    range_error,
 )
 from catalog.objects.s3_checksums import b64, full_object_sha256, probe_checksums
 from catalog.objects.s3_client import (
@@ -243,7 +242,7 @@ class S3ObjectStore(ObjectStore):
     def put_bytes(self, data: bytes, sha256: str | None = None) -> PutResult:
         digest = hashlib.sha256(data)
         actual = digest.hexdigest()
-        _check_supplied(sha256, actual, len(data))
+        check_supplied(sha256, actual, len(data))
         key = self.key_of(actual)
         if len(data) > self.multipart_threshold:
             return self._put_large(lambda: io.BytesIO(data), "the data", actual, len(data))
@@ -264,7 +263,7 @@ class S3ObjectStore(ObjectStore):
             with open(path, "rb") as f:
                 return self.put_bytes(f.read(), sha256)
         actual = sha256_file(path)[0]
-        _check_supplied(sha256, actual, size)
+        check_supplied(sha256, actual, size)
         return self._put_large(lambda: open(path, "rb"), str(path), actual, size)
 
     def head(self, sha256: str) -> ObjectInfo | None:
@@ -282,11 +281,11 @@ class S3ObjectStore(ObjectStore):
         chunks: list[bytes] = []
         actual, size = self._read_all(key, chunks.append, chunks.clear)
         if actual != sha256:
-            raise _mismatch(sha256, actual, size, key)
+            raise corrupt(sha256, actual, size, key=key)
         return b"".join(chunks)
 
     def get_range(self, sha256: str, offset: int, length: int) -> bytes:
-        _check_range(offset, length)
+        check_range(offset, length)
         key = self.key_of(sha256)
         if length == 0:  # S3 has no empty range; the object must still exist
             if self.head(sha256) is None:
@@ -303,10 +302,10 @@ class S3ObjectStore(ObjectStore):
             if exc.details.get("code") != "InvalidRange":
                 raise
             info = self.head(sha256)
-            raise _range_error(sha256, offset, length, info.size if info else 0) from exc
+            raise range_error(sha256, offset, length, info.size if info else 0) from exc
         data: bytes = self._call("get", key, resp["Body"].read)
         if len(data) != length:  # S3 truncates a range that runs past the end
-            raise _range_error(sha256, offset, length, _total_from_range(resp, len(data)))
+            raise range_error(sha256, offset, length, _total_from_range(resp, len(data)))
         return data
 
     def download(self, sha256: str, dest: str | Path) -> ObjectInfo:
@@ -321,7 +320,7 @@ class S3ObjectStore(ObjectStore):
 
             actual, size = self._read_all(key, f.write, reset)
             if actual != sha256:
-                raise _mismatch(sha256, actual, size, key)
+                raise corrupt(sha256, actual, size, key=key)
         return ObjectInfo(sha256, size)
 
     def verify(self, sha256: str) -> ObjectInfo:
@@ -337,11 +336,11 @@ class S3ObjectStore(ObjectStore):
         stored = full_object_sha256(resp)
         if stored is not None and self.checksums_proven:
             if stored != sha256:
-                raise _mismatch(sha256, stored, size, key)
+                raise corrupt(sha256, stored, size, key=key)
             return ObjectInfo(sha256, size)
         actual, size = self._read_all(key)
         if actual != sha256:
-            raise _mismatch(sha256, actual, size, key)
+            raise corrupt(sha256, actual, size, key=key)
         return ObjectInfo(sha256, size)
 
     @property
@@ -360,7 +359,7 @@ class S3ObjectStore(ObjectStore):
         return probe_checksums(self.client, self.bucket, key, self.url)
 
     def delete(self, sha256: str, *, reason: str) -> bool:
-        _check_reason(reason)
+        check_reason(reason)
         key = self.key_of(sha256)
         existed = self.head(sha256) is not None
         log.warning("deleting object %s from %s: %s", sha256, self.url, reason)
@@ -507,7 +506,7 @@ class S3ObjectStore(ObjectStore):
             )
         stored = full_object_sha256(resp)
         if stored is not None and stored != sha256:
-            raise _mismatch(sha256, stored, size, key)
+            raise corrupt(sha256, stored, size, key=key)
         if self.verify_existing and (stored is None or not self.checksums_proven):
             self.verify(sha256)
         return PutResult(ObjectInfo(sha256, size), created=False)
@@ -588,16 +587,6 @@ class S3ObjectStore(ObjectStore):
 
 class _Retry(Exception):
     """Internal: try the conditional write again."""
-
-
-def _mismatch(sha256: str, actual: str, size: int, key: str) -> ChecksumMismatch:
-    return ChecksumMismatch(
-        f"object {sha256} is corrupt: its {size} bytes hash to {actual}",
-        sha256=sha256,
-        actual=actual,
-        size=size,
-        key=key,
-    )
 
 
 def _total_from_range(resp: dict[str, Any], got: int) -> int:

@@ -10,13 +10,14 @@ from typing import Annotated, Any, Literal
 from pydantic import PlainSerializer, PlainValidator
 
 from catalog.pins import EMBEDDINGS_PREFIX
+from catalog.table_names import TABLE_NAMES
 from materializer.recipe.fields import fail
 
 __all__ = ["PIN_TABLES", "CatalogPin"]
 
 #: Iceberg tables a cut reads; an explicit ``catalog_pin`` must name each of them.
-PIN_TABLES = ("assets", "asset_events", "tombstones", "clips", "latents", "scores", "captions")
 _OPTIONAL_PIN_TABLES = ("jobs",)
+PIN_TABLES = tuple(t for t in TABLE_NAMES if t not in _OPTIONAL_PIN_TABLES)
 
 
 def _catalog_pin(value: Any) -> Any:
