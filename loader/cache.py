@@ -856,7 +856,7 @@ class NodeCache:
             check_same_thread=False,  # only close() touches another thread's connection
         )
         conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
-        conn.execute("PRAGMA journal_mode = WAL")
+        _use_wal(conn)
         conn.execute("PRAGMA synchronous = NORMAL")
         return conn
 
@@ -910,6 +910,28 @@ def _bump(db: sqlite3.Connection, **deltas: int) -> None:
         "UPDATE stats SET value = value + ? WHERE name = ?",
         [(delta, name) for name, delta in deltas.items()],
     )
+
+
+def _use_wal(conn: sqlite3.Connection) -> None:
+    """Put the database in WAL mode (persistent, so usually already done).
+
+    Switching the journal mode needs the database to itself, and SQLite answers
+    "database is locked" at once, without its busy handler, when processes opening a
+    new cache race to switch it; so retry until the busy timeout."""
+    deadline = time.monotonic() + _BUSY_TIMEOUT_S
+    delay = 0.005
+    while True:
+        try:
+            if str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower() != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
 
 
 def _remove(path: Path) -> None:

@@ -387,3 +387,35 @@ def test_eight_processes_on_a_disk_that_fills_before_the_budget(tmp_path: Path) 
     assert (stats["leases"], stats["reserved"], stats["reclaimed"]) == (0, 0, 0)
     assert stats["bytes"] == _payload(root) <= capacity
     assert not list((root / "tmp").iterdir())
+
+
+_OPEN_AT = """
+import sys, time
+from loader.cache import NodeCache
+root, start = sys.argv[1], float(sys.argv[2])
+while time.time() < start:
+    pass
+NodeCache(root, 1 << 20, reserve_bytes=0).close()
+"""
+
+
+def test_processes_opening_a_new_cache_at_once_all_succeed(tmp_path: Path) -> None:
+    """Ranks of a node start together: the first open of a cache switches its
+    database to WAL, which SQLite refuses at once (no busy wait) to the others while
+    it happens. Eight processes released at one instant on a fresh root, eight times
+    (the old code failed in most runs of this test)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    for round_ in range(8):
+        start = time.time() + 3.0  # after every interpreter has imported the cache
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _OPEN_AT, str(tmp_path / f"r{round_}"), str(start)],
+                env=env,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(8)
+        ]
+        for proc in procs:
+            _, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err
