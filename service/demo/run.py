@@ -14,6 +14,7 @@ Each run registers new snapshot versions; the corpus is generated once per home.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -285,8 +286,11 @@ def _train_kill_resume(url: str, version: int, home: Path) -> bool:
                 _check_exit(p, "a training rank")
         time.sleep(0.05)
     for p in ranks:
-        if p.pid is not None:
-            os.kill(p.pid, signal.SIGKILL)
+        # On a loaded machine one rank may have finished every step already (and been
+        # reaped by is_alive()); the last checkpoint both wrote still decides the resume.
+        if p.is_alive() and p.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGKILL)
         p.join()
     done = [_read_log(p) for p in logs]
     # A checkpoint counts once every rank wrote it (the collective save of real jobs).
