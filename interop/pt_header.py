@@ -2,10 +2,11 @@
 
 A ``.pt`` file is a zip whose ``data.pkl`` describes every tensor (its storage type,
 shape and strides); the tensor bytes sit in other zip entries. :func:`pt_specs` reads
-the zip's central directory and ``data.pkl`` through ranged reads (a few KiB of a
-member of any size) and walks the pickle with an unpickler that builds nothing: it
-knows only the handful of globals a tensor's pickle uses and maps each to a stub, so
-no code in the (not yet verified) bytes can run. Anything else — a legacy non-zip
+the zip's central directory (one read of the member's last 4 KiB) and ``data.pkl``
+(one read of 8 KiB) by range — a few KiB of a member of any size — and walks the
+pickle with an unpickler that builds nothing: it knows only the handful of globals a
+tensor's pickle uses and maps each to a stub, so no code in the (not yet verified)
+bytes can run. Anything else — a legacy non-zip
 ``.pt``, a pickle naming another global — raises :class:`IntegrityError`, and the
 importer falls back to what the sidecar declares.
 """
@@ -39,6 +40,8 @@ _STORAGES = {
     "BoolStorage": "bool",
 }
 _MAX_PICKLE = 16 << 20
+#: Bytes read at once at a member's end (its zip central directory).
+_TAIL = 4096
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,8 @@ class _RangeFile(io.RawIOBase):
 
     def __init__(self, read: ReadRange, size: int) -> None:
         self._read, self._size, self._pos = read, size, 0
+        self._tail_at = max(0, size - _TAIL)
+        self._tail: bytes | None = None  # the zip's end: EOCD and central directory
 
     def readable(self) -> bool:
         return True
@@ -78,7 +83,13 @@ class _RangeFile(io.RawIOBase):
         n = min(len(buffer), self._size - self._pos)
         if n <= 0:
             return 0
-        data = self._read(self._pos, n)
+        if self._pos >= self._tail_at:  # one request serves every central-directory read
+            if self._tail is None:
+                self._tail = self._read(self._tail_at, self._size - self._tail_at)
+            start = self._pos - self._tail_at
+            data = self._tail[start : start + n]
+        else:
+            data = self._read(self._pos, min(n, self._tail_at - self._pos))
         buffer[: len(data)] = data
         self._pos += len(data)
         return len(data)

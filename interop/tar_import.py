@@ -122,6 +122,8 @@ class ImportReport:
     shard_bytes: int = 0
     index_bytes_read: int = 0
     index_requests: int = 0
+    header_bytes_read: int = 0  #: of the ``.pt`` members' tensor headers
+    header_requests: int = 0
     ingest: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -312,8 +314,11 @@ def import_tar_shards(
         report.index_bytes_read += index.bytes_read
         report.index_requests += index.requests
         read = functools.partial(src.read_range, shard.path)
+        before = (src.requests, src.bytes_read)
         for s in samples_of(shard, index, manifest, read):
             (excluded if s.sample_id in manifest.exclude_sample_ids else samples).append(s)
+        report.header_requests += src.requests - before[0]
+        report.header_bytes_read += src.bytes_read - before[1]
         report_progress("index", (i + 1) / max(1, len(manifest.shards)))
     _check_unique(samples + excluded)
     report.samples_listed = len(samples) + len(excluded)
