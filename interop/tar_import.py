@@ -26,7 +26,12 @@ What the import does, and why:
   the declared SHA-256 of the sample's latent member. Each sample becomes an asset, a
   clip (sidecar fields kept in ``clips.metadata``), a latent (``format`` from the
   member suffix, offset, length, member SHA-256) and its captions and scores.
-* Samples of a non-``train`` shard (``val``, ``eval``, ``test``) become ``eval`` assets;
+* A publisher's manifest is read as published (:mod:`interop.tar_samples`): sample
+  ids from the TAR headers, member hashes from the sidecars, the split from the
+  manifest's rule (:mod:`interop.tar_split`), every tensor of a ``.pt`` member from
+  its header (:mod:`interop.pt_header`); ``schema``, ``model_revisions`` (``vae`` is
+  the latents' ``tokenizer_version``) and each shard's ``revision`` are recorded.
+* Samples of a non-``train`` split (``val``, ``eval``, ``test``) become ``eval`` assets;
   vidlake's own carve-out still applies to the rest. ``exclude_sample_ids`` are not
   imported, and samples a later revision excludes are quarantined.
 * The job row records the manifest revision and SHA-256 as provenance. Ingest is
@@ -150,12 +155,7 @@ def _rows(
     sc = s.sidecar
     asset_id = sc["asset_id"] if is_sha256(sc.get("asset_id")) else s.member_sha256
     facts = tensor_facts(s)
-    main = (
-        facts.shapes[facts.keys.index("latent") if "latent" in facts.keys else 0]
-        if facts.shapes
-        else None
-    )
-    shape = main if main and len(main) >= 2 else None
+    shape = facts.latent_shape if len(facts.latent_shape) >= 2 else None
     latent_frames = facts.latent_frames
     fps = _num(sc.get("fps"), float)
     num_frames = _num(sc.get("num_frames"), int) or latent_frames or 1

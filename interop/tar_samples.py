@@ -58,6 +58,7 @@ class TensorFacts:
     """What the latents row records about a member's tensors."""
 
     keys: list[str]
+    latent_shape: list[int]  #: of ``latent`` (else the first tensor); [] when unknown
     shapes: list[list[int]] | None
     dtypes: list[str] | None
     latent_frames: int | None
@@ -218,4 +219,4 @@ def tensor_facts(s: Sample) -> TensorFacts:
     tokens = _int(sc.get("tokens"))
     if tokens is None:
         tokens = math.prod(main[axis:]) if axis is not None else 0
-    return TensorFacts(keys, shapes, dtypes, frames, tokens)
+    return TensorFacts(keys, main, shapes, dtypes, frames, tokens)
