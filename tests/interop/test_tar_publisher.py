@@ -220,8 +220,9 @@ def test_5d_latent_without_latent_frames_gets_frames_and_tokens_from_its_header(
     )
 
 
-def _legacy_pt(root: Path) -> None:
-    """Rewrite worker 00's shard with legacy (non-zip) pickles: no readable header."""
+def _legacy_pt(root: Path, **declare: Any) -> None:
+    """Rewrite worker 00's shard with legacy (non-zip) pickles: no readable header;
+    ``declare`` adds fields to its sidecars."""
     import tarfile
 
     path = root / SHARDS[0]
@@ -240,6 +241,7 @@ def _legacy_pt(root: Path) -> None:
             else:
                 side = json.loads(data)
                 side["sha256"] = hashlib.sha256(members[-1][1]).hexdigest()
+                side.update(declare)
                 members.append((info.name, json.dumps(side).encode(), ""))
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
@@ -265,6 +267,19 @@ def test_a_latent_whose_frames_cannot_be_known_is_refused_naming_the_field(
         import_tar_shards(catalog, cache.root)
     assert info.value.details["missing"] == "latent_frames"
     assert catalog.scan("latents", include_eval=True).num_rows == 0
+
+
+def test_a_declared_5d_shape_gives_frames_and_tokens_without_a_header(
+    cache: PublishedCache, catalog: VidlakeCatalog
+) -> None:
+    _legacy_pt(cache.root, shape=[1, 16, FRAMES, *LATENT_HW], dtype="float32")
+    import_tar_shards(catalog, cache.root)
+    lat = catalog.scan("latents", include_eval=True).to_pylist()
+    legacy = [r for r in lat if r["tensor_keys"] == ["latent"]]
+    assert len(legacy) == 6  # worker 00's samples: only what the sidecar declares
+    assert {(r["latent_frames"], r["tokens"]) for r in legacy} == {
+        (FRAMES, FRAMES * LATENT_HW[0] * LATENT_HW[1])
+    }
 
 
 def test_a_cut_names_latents_without_frames_as_a_drop_reason(
