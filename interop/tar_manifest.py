@@ -53,6 +53,7 @@ class ShardEntry:
     sample_ids: tuple[str, ...] | None  #: None: the TAR headers list them
     members: Mapping[str, Mapping[str, Any]]
     revision: str | None = None  #: the publisher's revision of this shard
+    num_samples: int | None = None  #: the publisher's count, checked against the TAR
 
 
 @dataclass(frozen=True)
@@ -104,8 +105,13 @@ def parse_manifest(data: bytes) -> SourceManifest:
             raise bad_manifest(f"{where}.members must be an object", shard=path)
         rev = s.get("revision")
         shard_rev = None if rev is None else _shard_revision(rev, where)
-        entry = ShardEntry(path, size, str(sha), split, None if ids is None else tuple(ids),
-                           members, shard_rev)  # fmt: skip
+        count = s.get("num_samples")
+        if count is not None and (
+            not isinstance(count, int) or isinstance(count, bool) or count < 0
+        ):
+            raise bad_manifest(f"{where}.num_samples must be a count, not {count!r}", shard=path)
+        listed = None if ids is None else tuple(ids)
+        entry = ShardEntry(path, size, str(sha), split, listed, members, shard_rev, count)
         shards.append(entry)
     excl = doc.get("exclude_sample_ids") or []
     if not isinstance(excl, list) or not all(isinstance(x, str) for x in excl):

@@ -131,11 +131,22 @@ def samples_of(
     ids = (
         list(shard.sample_ids) if shard.sample_ids is not None else _ids_from_headers(shard, index)
     )
+    if shard.num_samples is not None and shard.num_samples != len(ids):
+        raise bad_manifest(
+            f"{shard.path}: the manifest says {shard.num_samples} samples, the shard holds "
+            f"{len(ids)}",
+            shard=shard.path,
+        )
     out = []
     for sid in ids:
         name, fmt = _member(shard, by_name, sid)
         member = by_name[name]
         sidecar = _sidecar(shard, index, sid)
+        if "sample_id" in sidecar and str(sidecar["sample_id"]) != sid:
+            raise bad_manifest(
+                f"{shard.path}: {sid}.json says it is sample {sidecar['sample_id']!r}",
+                sample_id=sid,
+            )
         declared = _declared(shard, sidecar, name, fmt)
         sha = declared.get("sha256")
         if not is_sha256(sha):

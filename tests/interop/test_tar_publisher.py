@@ -378,3 +378,40 @@ def test_recipe_tensor_keys_are_checked_and_leave_older_recipe_hashes_alone() ->
     plain = _recipe()
     assert "tensor_keys" not in json.loads(plain.to_canonical_json())
     assert plain.sha256() != _recipe(tensor_keys=["latent"]).sha256()
+
+
+def _edit_manifest(cache: PublishedCache, edit: Any) -> None:
+    doc = json.loads((cache.root / "manifest.json").read_text())
+    edit(doc)
+    (cache.root / "manifest.json").write_text(json.dumps(doc))
+
+
+def test_a_shard_holding_other_than_its_num_samples_is_refused(
+    cache: PublishedCache, catalog: VidlakeCatalog
+) -> None:
+    _edit_manifest(cache, lambda doc: doc["shards"][1].update(num_samples=7))
+    with pytest.raises(InvalidInput, match="says 7 samples, the shard holds 6"):
+        import_tar_shards(catalog, cache.root)
+    assert catalog.scan("latents", include_eval=True).num_rows == 0
+
+
+def test_a_sidecar_naming_another_sample_is_refused(
+    cache: PublishedCache, catalog: VidlakeCatalog
+) -> None:
+    import tarfile
+
+    path = cache.root / SHARDS[0]
+    raw = path.read_bytes()
+    first, second = cache.sample_ids[0], cache.sample_ids[1]
+    with tarfile.open(path) as tar:
+        info = tar.getmember(f"{first}.json")
+        body = raw[info.offset_data : info.offset_data + info.size]
+    swapped = body.replace(f'"sample_id": "{first}"'.encode(), f'"sample_id": "{second}"'.encode())
+    assert len(swapped) == len(body) and swapped != body
+    tampered = raw[: info.offset_data] + swapped + raw[info.offset_data + info.size :]
+    # A valid TAR header still: only data bytes changed; the manifest is updated to match.
+    path.write_bytes(tampered)
+    sha = hashlib.sha256(tampered).hexdigest()
+    _edit_manifest(cache, lambda doc: doc["shards"][0].update(sha256=sha))
+    with pytest.raises(InvalidInput, match=f"says it is sample '{second}'"):
+        import_tar_shards(catalog, cache.root)
