@@ -415,3 +415,30 @@ def test_a_sidecar_naming_another_sample_is_refused(
     _edit_manifest(cache, lambda doc: doc["shards"][0].update(sha256=sha))
     with pytest.raises(InvalidInput, match=f"says it is sample '{second}'"):
         import_tar_shards(catalog, cache.root)
+
+
+def test_cli_imports_the_publisher_cache_and_reports_its_header_reads(
+    cache: PublishedCache, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from service.cli import app
+    from service.settings import get_settings
+
+    monkeypatch.setenv("VIDLAKE_HOME", str(tmp_path / "home"))
+    get_settings.cache_clear()
+    try:
+        runner = CliRunner()
+        res = runner.invoke(app, ["import", "tar-shards", str(cache.root), "--json"])
+        assert res.exit_code == 0, res.output
+        report = json.loads(res.stdout)
+        assert report["revision"] == "v000002" and report["eval"] == len(cache.val_ids)
+        assert report["imported"] == len(cache.sample_ids) - len(cache.excluded)
+        # Two small reads per .pt tensor header, far less than the shards.
+        assert 0 < report["header_requests"] <= 2 * report["samples_listed"]
+        assert report["header_bytes_read"] < report["shard_bytes"]
+        _edit_manifest(cache, lambda doc: doc.update(split={"key": "match_id"}))
+        res = runner.invoke(app, ["import", "tar-shards", str(cache.root)])
+        assert res.exit_code != 0 and isinstance(res.exception, InvalidInput)
+    finally:
+        get_settings.cache_clear()
