@@ -26,7 +26,12 @@ What the import does, and why:
   the declared SHA-256 of the sample's latent member. Each sample becomes an asset, a
   clip (sidecar fields kept in ``clips.metadata``), a latent (``format`` from the
   member suffix, offset, length, member SHA-256) and its captions and scores.
-* Samples of a non-``train`` shard (``val``, ``eval``, ``test``) become ``eval`` assets;
+* A publisher's manifest is read as published (:mod:`interop.tar_samples`): sample
+  ids from the TAR headers, member hashes from the sidecars, the split from the
+  manifest's rule (:mod:`interop.tar_split`), every tensor of a ``.pt`` member from
+  its header (:mod:`interop.pt_header`); ``schema``, ``model_revisions`` (``vae`` is
+  the latents' ``tokenizer_version``) and each shard's ``revision`` are recorded.
+* Samples of a non-``train`` split (``val``, ``eval``, ``test``) become ``eval`` assets;
   vidlake's own carve-out still applies to the rest. ``exclude_sample_ids`` are not
   imported, and samples a later revision excludes are quarantined.
 * The job row records the manifest revision and SHA-256 as provenance. Ingest is
@@ -48,7 +53,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -61,14 +65,9 @@ from catalog.hashing import is_sha256
 from catalog.objects.refs import ObjectRef, RefStore, get_ref, list_failed, put_ref
 from catalog.reads import one_of
 from interop.sources import RangeSource, open_range_source
-from interop.tar_index import TarIndex, index_tar
-from interop.tar_manifest import (
-    EVAL_SPLITS,
-    ShardEntry,
-    SourceManifest,
-    bad_manifest,
-    read_manifest,
-)
+from interop.tar_index import index_tar
+from interop.tar_manifest import SourceManifest, bad_manifest, read_manifest
+from interop.tar_samples import Sample, samples_of, tensor_facts
 
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog
@@ -82,9 +81,6 @@ __all__ = [
 ]
 
 Progress = Callable[[str, float], None]
-
-#: Latent member suffixes, in the order they are looked for, and their formats.
-LATENT_SUFFIXES = {".pt": "pt", ".safetensors": "safetensors", ".npy": "npy"}
 
 
 @dataclass(frozen=True)
@@ -131,6 +127,8 @@ class ImportReport:
     shard_bytes: int = 0
     index_bytes_read: int = 0
     index_requests: int = 0
+    header_bytes_read: int = 0  #: of the ``.pt`` members' tensor headers
+    header_requests: int = 0
     ingest: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -139,55 +137,6 @@ class ImportReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "index_read_fraction": self.index_read_fraction}
-
-
-# -- samples ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Sample:
-    sample_id: str
-    shard: ShardEntry
-    name: str
-    fmt: str
-    offset: int
-    length: int
-    member_sha256: str
-    sidecar: dict[str, Any]
-
-
-def _samples_of(shard: ShardEntry, index: TarIndex) -> list[_Sample]:
-    """The manifest's samples of one indexed shard; InvalidInput names what is missing."""
-    by_name = {m.name: m for m in index.members}
-    out = []
-    for sid in shard.sample_ids:
-        found = [(sid + suf, fmt) for suf, fmt in LATENT_SUFFIXES.items() if sid + suf in by_name]
-        if not found:
-            raise bad_manifest(f"{shard.path}: sample {sid!r} has no latent member", sample_id=sid)
-        name, fmt = found[0]
-        member = by_name[name]
-        raw = index.inline.get(sid + ".json")
-        sidecar: dict[str, Any] = {}
-        if raw is not None:
-            try:
-                loaded = json.loads(raw)
-            except ValueError as exc:
-                raise bad_manifest(f"{shard.path}: {sid}.json is not JSON", sample_id=sid) from exc
-            if not isinstance(loaded, dict):
-                raise bad_manifest(f"{shard.path}: {sid}.json is not an object", sample_id=sid)
-            sidecar = loaded
-        declared = dict(shard.members.get(name) or {})
-        sha = declared.get("sha256") or sidecar.get("sha256") or sidecar.get(f"{fmt}_sha256")
-        if not is_sha256(sha):
-            raise bad_manifest(
-                f"{shard.path}: no SHA-256 for {name} in the manifest or sidecar", sample_id=sid
-            )
-        if "size" in declared and declared["size"] != member.size:
-            raise bad_manifest(
-                f"{shard.path}: {name} holds {member.size} bytes, the manifest says "
-                f"{declared['size']}",
-                sample_id=sid,
-            )
-        out.append(_Sample(sid, shard, name, fmt, member.offset, member.size, str(sha), sidecar))
-    return out
 
 
 def _num(value: Any, kind: type, default: Any = None) -> Any:
@@ -200,16 +149,14 @@ def _num(value: Any, kind: type, default: Any = None) -> Any:
 
 
 def _rows(
-    s: _Sample, manifest: SourceManifest, src: RangeSource, opts: ImportOptions, job: str
+    s: Sample, manifest: SourceManifest, src: RangeSource, opts: ImportOptions, job: str
 ) -> dict[str, Any]:
     """Asset, clip, latent, caption and score rows of one sample."""
     sc = s.sidecar
     asset_id = sc["asset_id"] if is_sha256(sc.get("asset_id")) else s.member_sha256
-    shape = sc.get("shape")
-    shape = [int(x) for x in shape] if isinstance(shape, list) and shape else None
-    latent_frames = _num(sc.get("latent_frames"), int) or (
-        shape[1] if shape and len(shape) == 4 else None
-    )
+    facts = tensor_facts(s)
+    shape = facts.latent_shape if len(facts.latent_shape) >= 2 else None
+    latent_frames = facts.latent_frames
     fps = _num(sc.get("fps"), float)
     num_frames = _num(sc.get("num_frames"), int) or latent_frames or 1
     width = _num(sc.get("width"), int) or (shape[-1] if shape else None)
@@ -218,16 +165,16 @@ def _rows(
         raise bad_manifest(f"sample {s.sample_id}: the sidecar gives no width/height or shape")
     t0 = _num(sc.get("t_start_s"), float, 0.0)
     t1 = _num(sc.get("t_end_s"), float) or t0 + (num_frames / fps if fps else 1.0)
-    tokens = _num(sc.get("tokens"), int)
-    if tokens is None:
-        tokens = math.prod(shape[1:]) if shape else 0
-    keys = sc.get("tensor_keys") or ["latent"]
     shard_url = src.url_of(s.shard.path)
     meta = {
         "sample_id": s.sample_id,
         "shard": s.shard.path,
         "shard_sha256": s.shard.sha256,
         "revision": manifest.revision,
+        "shard_revision": s.shard.revision,
+        "split": s.split,
+        "schema": manifest.schema,
+        "model_revisions": dict(manifest.model_revisions),
         "sidecar": sc,
     }
     from catalog import rules
@@ -246,7 +193,7 @@ def _rows(
             {"import": "tar-shards", "source": src.base, "revision": manifest.revision},
             sort_keys=True,
         ),
-        "split": "eval" if s.shard.split in EVAL_SPLITS else None,
+        "split": "eval" if s.is_eval else None,
     }
     clip = {
         "clip_id": clip_id,
@@ -265,18 +212,22 @@ def _rows(
     latent = {
         "clip_id": clip_id,
         "rung": str(sc.get("rung") or opts.rung),
-        "tokenizer_version": str(sc.get("tokenizer_version") or opts.tokenizer_version),
+        "tokenizer_version": str(
+            sc.get("tokenizer_version")
+            or manifest.model_revisions.get("vae")
+            or opts.tokenizer_version
+        ),
         "format": s.fmt,
         "object_sha256": s.shard.sha256,
         "object_size": s.shard.size,
         "offset": s.offset,
         "length": s.length,
         "member_sha256": s.member_sha256,
-        "tensor_keys": [str(k) for k in keys],
-        "shapes": [shape] if shape and len(keys) == 1 else None,
-        "dtypes": [str(sc["dtype"])] if sc.get("dtype") and len(keys) == 1 else None,
+        "tensor_keys": facts.keys,
+        "shapes": facts.shapes,
+        "dtypes": facts.dtypes,
         "latent_frames": latent_frames,
-        "tokens": tokens,
+        "tokens": facts.tokens,
         "job_id": job,
     }
     captions = []
@@ -350,8 +301,8 @@ def import_tar_shards(
     started = dt.datetime.now(dt.UTC)
 
     # Index every listed shard first: a bad shard fails the import before any write.
-    samples: list[_Sample] = []
-    excluded: list[_Sample] = []
+    samples: list[Sample] = []
+    excluded: list[Sample] = []
     for i, shard in enumerate(manifest.shards):
         index = index_tar(
             functools.partial(src.read_range, shard.path),
@@ -362,9 +313,14 @@ def import_tar_shards(
         report.shard_bytes += shard.size
         report.index_bytes_read += index.bytes_read
         report.index_requests += index.requests
-        for s in _samples_of(shard, index):
+        read = functools.partial(src.read_range, shard.path)
+        before = (src.requests, src.bytes_read)
+        for s in samples_of(shard, index, manifest, read):
             (excluded if s.sample_id in manifest.exclude_sample_ids else samples).append(s)
+        report.header_requests += src.requests - before[0]
+        report.header_bytes_read += src.bytes_read - before[1]
         report_progress("index", (i + 1) / max(1, len(manifest.shards)))
+    _check_unique(samples + excluded)
     report.samples_listed = len(samples) + len(excluded)
     report.excluded = len(excluded)
     rows = [_rows(s, manifest, src, opts, job) for s in samples]
@@ -424,6 +380,18 @@ def import_tar_shards(
     )
     report_progress("ingest", 1.0)
     return report
+
+
+def _check_unique(samples: Sequence[Sample]) -> None:
+    """A sample id names one sample across every shard (headers may repeat one)."""
+    where: dict[str, str] = {}
+    for s in samples:
+        other = where.setdefault(s.sample_id, s.shard.path)
+        if other != s.shard.path:
+            raise bad_manifest(
+                f"sample {s.sample_id!r} is stored in both {other} and {s.shard.path}",
+                sample_id=s.sample_id,
+            )
 
 
 def _quarantine(

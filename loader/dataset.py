@@ -46,6 +46,7 @@ from loader.decode import (
     read_frames_into,
     safetensors_specs,
     sniff_format,
+    trim_frames,
 )
 from loader.plan import PlanReader, StepInfo, open_plan
 from loader.source import SnapshotSource, open_source
@@ -389,12 +390,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
                             read_frames_into(f, spec, slots[k])
                         return None
             tensors = decode_file(path, rec["format"], keys, sha256=member)
-            tensors = {
-                k: t[:, :frames].contiguous()
-                if keep_frames(tuple(t.shape), frames) != t.shape
-                else t
-                for k, t in tensors.items()
-            }
+            tensors = {k: trim_frames(t, frames) for k, t in tensors.items()}
             slots = buffer.slots(i, {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()})
             if slots is None:
                 return tensors

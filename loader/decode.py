@@ -43,6 +43,7 @@ __all__ = [
     "read_member",
     "safetensors_specs",
     "sniff_format",
+    "trim_frames",
 ]
 
 FORMATS = ("safetensors", "pt", "npy")
@@ -283,17 +284,36 @@ def read_into(f: BufferedReader, spec: TensorSpec, out: torch.Tensor) -> None:
 def keep_frames(shape: tuple[int, ...], frames: int | None) -> tuple[int, ...]:
     """The shape after keeping the first ``frames`` latent frames.
 
-    Latents are ``(C, T, H, W)``; a bucket holds clips with at least its frame count,
-    and the loader keeps the leading ``frames`` of axis 1 so that every sample of a step
+    Latents are ``(C, T, H, W)`` or ``(1, C, T, H, W)`` (a batch of one, as many
+    caches store them); a bucket holds clips with at least its frame count, and the
+    loader keeps the leading ``frames`` of the T axis so that every sample of a step
     has one shape. Tensors of another rank, or no longer than ``frames``, are unchanged.
     """
-    if frames is None or len(shape) != 4 or shape[1] <= frames:
+    axis = _frames_axis(shape)
+    if frames is None or axis is None or shape[axis] <= frames:
         return shape
-    return (shape[0], frames, shape[2], shape[3])
+    return (*shape[:axis], frames, *shape[axis + 1 :])
+
+
+def _frames_axis(shape: tuple[int, ...]) -> int | None:
+    if len(shape) == 4:
+        return 1
+    if len(shape) == 5 and shape[0] == 1:
+        return 2
+    return None
+
+
+def trim_frames(t: torch.Tensor, frames: int | None) -> torch.Tensor:
+    """``t`` cut to the shape :func:`keep_frames` gives (a contiguous copy when cut)."""
+    shape = tuple(t.shape)
+    if keep_frames(shape, frames) == shape:
+        return t
+    return t[:, :frames].contiguous() if len(shape) == 4 else t[:, :, :frames].contiguous()
 
 
 def read_frames_into(f: BufferedReader, spec: TensorSpec, out: torch.Tensor) -> None:
-    """:func:`read_into` for a ``(C, T, H, W)`` tensor cut to ``out``'s leading frames.
+    """:func:`read_into` for a ``(C, T, H, W)`` (or ``(1, C, T, H, W)``) tensor cut to
+    ``out``'s leading frames.
 
     Reads each channel's first ``out.shape[1]`` frames (one contiguous run per channel)
     straight into ``out``: still one copy.
@@ -301,6 +321,9 @@ def read_frames_into(f: BufferedReader, spec: TensorSpec, out: torch.Tensor) -> 
     if tuple(out.shape) == spec.shape:
         read_into(f, spec, out)
         return
+    if len(spec.shape) == 5 and out.dim() == 5:  # (1, C, T, H, W): its one (C, T, H, W)
+        spec = TensorSpec(spec.dtype, spec.shape[1:], spec.start, spec.end)
+        out = out[0]
     c, t, h, w = spec.shape
     if out.dtype != spec.dtype or tuple(out.shape) != (c, out.shape[1], h, w) or out.shape[1] > t:
         raise InvalidInput(f"destination {out.dtype}{tuple(out.shape)} does not fit {spec}")

@@ -166,8 +166,10 @@ def build_artifacts(
     report("pin", 1.0)
     selection = select(catalog, recipe, pin, progress=report)
     if selection.samples.num_rows == 0:
+        dropped = ", ".join(f"{k}={v}" for k, v in selection.drops.items()) or "none"
         raise InvalidInput(
-            "the recipe selects no samples at this catalog state",
+            f"the recipe selects no samples at this catalog state ({selection.candidates} "
+            f"candidates; dropped: {dropped})",
             drops=selection.drops,
             candidates=selection.candidates,
         )
@@ -340,12 +342,21 @@ def _index_table(recipe: Recipe, samples: pa.Table) -> pa.Table:
         "length": samples["length"],
         "member_sha256": samples["member_sha256"],
         "format": samples["format"],
-        "tensor_keys": samples["tensor_keys"],
+        "tensor_keys": _tensor_keys(recipe, samples),
         "captions": captions,
         "text_embedding_sha256": embeddings,
     }
     table = pa.table({k: columns[k] for k in INDEX_SCHEMA.names})
     return table.cast(INDEX_SCHEMA).combine_chunks()
+
+
+def _tensor_keys(recipe: Recipe, samples: pa.Table) -> Any:
+    """The tensors the loader delivers per row: the recipe's ``tensor_keys`` (every row
+    holds them: select dropped the rest), else every tensor the latent holds."""
+    if recipe.tensor_keys is None:
+        return samples["tensor_keys"]
+    keys = list(recipe.tensor_keys)
+    return pa.array([keys] * samples.num_rows, pa.list_(pa.string()))
 
 
 def _manifest_table(recipe: Recipe, samples: pa.Table) -> pa.Table:

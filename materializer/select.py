@@ -100,6 +100,11 @@ def select(
     candidates = table.num_rows
     drops: dict[str, int] = {}
     table = _take_kept(table, drops)
+    table = _drop_where(table, pc.is_null(table["latent_frames"]), "no_latent_frames", drops)
+    if recipe.tensor_keys:
+        table = _drop_where(
+            table, _lacks_keys(table, recipe.tensor_keys), "missing_tensor_keys", drops
+        )
 
     # Buckets (vectorised in numpy through the recipe's lattice).
     bucket = recipe.buckets.assign(
@@ -256,6 +261,12 @@ def _take_kept(table: pa.Table, drops: dict[str, int]) -> pa.Table:
         for item in counts.to_pylist():
             drops[item["values"]] = drops.get(item["values"], 0) + int(item["counts"])
     return table.filter(pc.is_null(reasons)).drop_columns(["drop_reason"])
+
+
+def _lacks_keys(table: pa.Table, keys: tuple[str, ...]) -> pa.Array:
+    """Per row: its latent holds not every one of ``keys``."""
+    held = table["tensor_keys"].to_pylist()
+    return pa.array([not set(keys) <= set(h or ()) for h in held], pa.bool_())
 
 
 def _drop_where(

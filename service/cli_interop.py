@@ -38,7 +38,9 @@ def _render_import(report: dict[str, Any]) -> None:
     )
     console.print(
         f"indexed by headers: {report['index_bytes_read']} of {report['shard_bytes']} bytes "
-        f"read ({report['index_read_fraction']:.4%}) in {report['index_requests']} requests"
+        f"read ({report['index_read_fraction']:.4%}) in {report['index_requests']} requests; "
+        f".pt tensor headers: {report.get('header_bytes_read', 0)} bytes in "
+        f"{report.get('header_requests', 0)} requests"
     )
     if "verify" in report:
         v = report["verify"]

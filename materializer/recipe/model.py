@@ -32,6 +32,10 @@ from materializer.recipe.selection import (
 
 __all__ = ["Recipe"]
 
+#: A tensor key of a latent member (``latent``, ``text_emb``, ``i2v_y``, …).
+TensorKey = Annotated[str, Field(strict=True, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")]
+_LATER_FIELDS = ("tensor_keys",)
+
 
 class Recipe(Model):
     """A snapshot recipe. Build it with :func:`load_recipe`; see ``docs/recipes.md``."""
@@ -51,6 +55,9 @@ class Recipe(Model):
     captions: Captions
     buckets: Buckets
     phases: tuple[Phase, ...] = Field(min_length=1)
+    #: The tensors of each latent to deliver (default None: every tensor it holds).
+    #: Samples lacking one are dropped (``missing_tensor_keys``).
+    tensor_keys: tuple[TensorKey, ...] | None = Field(default=None, min_length=1)
 
     def score_versions(self) -> dict[str, str]:
         """Score name -> version for every score the recipe names (filters and scores)."""
@@ -72,9 +79,13 @@ class Recipe(Model):
         return clip_view_columns(self.score_versions(), include_tier=include_tier)
 
     def to_canonical_json(self) -> str:
-        """Sorted keys, no whitespace, defaults included: the form :meth:`sha256` hashes."""
+        """Sorted keys, no whitespace, defaults included (but for later optional fields
+        left unset): the form :meth:`sha256` hashes."""
+        # Fields added after a recipe format shipped are left out at their default, so
+        # every recipe written before them keeps its SHA-256.
+        exclude = {k for k in _LATER_FIELDS if getattr(self, k) is None}
         return json.dumps(
-            self.model_dump(mode="json"),
+            self.model_dump(mode="json", exclude=exclude),
             sort_keys=True,
             separators=(",", ":"),
             ensure_ascii=False,
@@ -90,6 +101,7 @@ class Recipe(Model):
         if self.split != "train":
             raise fail("split", f"training cuts may only select split 'train', got {self.split!r}")
         check_unique([s.name for s in self.scores], "scores", by_name=True)
+        check_unique(self.tensor_keys or (), "tensor_keys")
         check_unique([f.name for f in self.filters], "filters", by_name=True)
         filter_versions = {f.name: f.version for f in self.filters}
         for i, s in enumerate(self.scores):

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from catalog.errors import InvalidInput
-from loader.decode import keep_frames, read_frames_into, safetensors_specs
+from loader.decode import keep_frames, read_frames_into, safetensors_specs, trim_frames
 
 
 def test_keep_frames_cuts_only_long_4d_tensors() -> None:
@@ -35,3 +35,19 @@ def test_read_frames_into_equals_slicing(tmp_path: Path, dtype: torch.dtype) -> 
         assert torch.equal(whole, latent)
         with pytest.raises(InvalidInput):
             read_frames_into(f, spec, torch.empty((3, 7, 2, 5), dtype=dtype))
+
+
+def test_a_batch_of_one_5d_latent_keeps_its_leading_frames_on_axis_2(tmp_path: Path) -> None:
+    assert keep_frames((1, 16, 9, 4, 7), 4) == (1, 16, 4, 4, 7)
+    assert keep_frames((2, 16, 9, 4, 7), 4) == (2, 16, 9, 4, 7)  # not a batch of one: as is
+    assert keep_frames((1, 77, 512), 4) == (1, 77, 512)  # a text embedding: untouched
+    latent = torch.arange(1 * 3 * 6 * 2 * 5, dtype=torch.float32).reshape(1, 3, 6, 2, 5)
+    assert torch.equal(trim_frames(latent, 4), latent[:, :, :4])
+    assert trim_frames(latent, 6) is latent
+    path = tmp_path / "x.safetensors"
+    save_file({"latent": latent}, str(path))
+    with open(path, "rb") as f:
+        spec = safetensors_specs(f, ["latent"], "x")["latent"]
+        out = torch.empty(keep_frames(spec.shape, 4), dtype=torch.float32)
+        read_frames_into(f, spec, out)
+        assert torch.equal(out, latent[:, :, :4])
