@@ -11,6 +11,10 @@ A :class:`SnapshotSource` answers four questions, each with verified bytes:
 * ``fetch_object(sha256, dest)`` / ``fetch_member(...)`` — latent bytes for the node
   cache: a whole object, or a byte range whose SHA-256 is checked *before* it is
   written (a packed member).
+* ``failed_members()`` / ``record_failed_member(record)`` — the shared record of packed
+  members whose stored bytes failed their SHA-256 (``refs/failed-members/`` in a store,
+  :mod:`catalog.objects.refs`), which decides the loader's corrupt-member skips. A
+  service source holds none and records none (the rank logs the failure instead).
 
 Sources hold no live connection: the store creates its client lazily, the HTTP source
 uses one ``urllib`` request per call. Both pickle into DataLoader workers.
@@ -40,7 +44,13 @@ from catalog.errors import (
 )
 from catalog.hashing import CHUNK, require_sha256, sha256_bytes
 from catalog.objects import ObjectStore, open_store
-from catalog.objects.refs import download_ref, get_ref, resolve_range
+from catalog.objects.refs import (
+    download_ref,
+    get_ref,
+    list_failed_members,
+    record_member_failure,
+    resolve_range,
+)
 from manifests.format import erasure_prefix, erasure_seq, registry_key
 
 __all__ = ["HttpSource", "SnapshotSource", "StoreSource", "open_source"]
@@ -72,6 +82,17 @@ class SnapshotSource(ABC):
         A source that cannot hold erasure marks has none (this default).
         """
         return None
+
+    def failed_members(self) -> frozenset[str]:
+        """SHA-256s of packed members recorded as failing their check; a source that
+        cannot hold the record has none (this default)."""
+        return frozenset()
+
+    def record_failed_member(self, record: dict[str, Any]) -> bool:
+        """Record a member whose stored bytes failed their SHA-256 (create-only); True
+        if this call created the record, False if it existed or this source cannot
+        record (this default)."""
+        return False
 
     @abstractmethod
     def download_artifact(self, version: int, name: str, sha256: str, dest: Path) -> None:
@@ -177,6 +198,12 @@ class StoreSource(SnapshotSource):
 
     def download_artifact(self, version: int, name: str, sha256: str, dest: Path) -> None:
         self.fetch_object(sha256, dest)
+
+    def failed_members(self) -> frozenset[str]:
+        return frozenset(list_failed_members(self.store))
+
+    def record_failed_member(self, record: dict[str, Any]) -> bool:
+        return record_member_failure(self.store, record)
 
     def object_size(self, sha256: str) -> int:
         info = self.store.head(sha256)

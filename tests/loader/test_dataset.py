@@ -303,7 +303,10 @@ def test_corrupt_source_bytes_raise(tmp_path: Path, pack: int) -> None:
     with pytest.MonkeyPatch.context() as mp:
         calls = _record_torch_load(mp)
         ds = _dataset(
-            snap, tmp_path / "cache", source=CorruptingSource(snap.store, artifacts=False)
+            snap,
+            tmp_path / "cache",
+            source=CorruptingSource(snap.store, artifacts=False),
+            on_corrupt="fail",
         )
         with pytest.raises(ChecksumMismatch):
             next(iter(ds))
@@ -383,7 +386,8 @@ def test_shutdown_leaks_nothing(tmp_path: Path) -> None:
     gc.collect()
     assert _prefetch_threads() == threads
     # 3. Decoding fails mid-run.
-    bad = _dataset(snap, tmp_path / "cache2", source=CorruptingSource(snap.store, artifacts=False))
+    corrupting = CorruptingSource(snap.store, artifacts=False)
+    bad = _dataset(snap, tmp_path / "cache2", source=corrupting, on_corrupt="fail")
     with pytest.raises(ChecksumMismatch):
         list(bad)
     assert _prefetch_threads() == threads
