@@ -311,6 +311,10 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
                     self._erased_skipped += current.erased
                     self._corrupt_skipped += current.corrupt
                 yield batch
+                # With prefetch_steps=0 nothing is in flight while the consumer holds a
+                # step: submit the next one only now.
+                if not pending:
+                    top_up(1)
         finally:
             for item in pending:
                 item.cancel()
