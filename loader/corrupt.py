@@ -9,7 +9,9 @@ only grows, never of which rank, world size, worker or resume happened to read t
 row: every process that is handed that row at that step decides the same way, and
 the other ranks never hold it, so nothing has to reach them before their collective.
 A failure the direct read does not confirm is local (a damaged cache file, a flaky
-read) and is raised as before: it says nothing about the data.
+read) and is raised as before: it says nothing about the data. Through a service the
+report is confirmed by the service's own read of the member (``POST
+/v1/corrupt-members``); a 409 there (it verifies) is local as well.
 
 ``on_corrupt="skip"`` (the default) drops a corrupt row from its step's batch (the
 batch keeps every other row; ``batch["corrupt"]`` counts the drops, the dataset's
@@ -31,7 +33,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.typing import NDArray
 
-from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput, VidlakeError
+from catalog.errors import ChecksumMismatch, Conflict, IntegrityError, InvalidInput, VidlakeError
 
 __all__ = [
     "ON_CORRUPT",
@@ -90,6 +92,8 @@ def confirm_and_record(src: Any, rec: dict[str, Any], version: int, err: Vidlake
     }
     try:
         created = src.record_failed_member(record)
+    except Conflict:  # a service read the member and it verifies: the fault was ours
+        return False
     except VidlakeError as exc:  # a read-only store: the skip still holds, say so
         log.warning("could not record corrupt member %s: %s", member, exc.message)
         created = False

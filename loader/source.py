@@ -35,6 +35,7 @@ from typing import IO, Any
 from catalog.atomic import atomic_path
 from catalog.errors import (
     ChecksumMismatch,
+    Conflict,
     Forbidden,
     InvalidInput,
     NotFound,
@@ -248,7 +249,8 @@ class HttpSource(SnapshotSource):
 
     Endpoints used (documented in ``docs/loader.md``): ``GET /v1/snapshots/{v}``,
     ``GET /v1/snapshots/{v}/artifacts/{name}`` and ``GET /v1/objects/{sha256}``, the
-    latter two with ``Range`` support and the ``X-Vidlake-SHA256`` header.
+    latter two with ``Range`` support and the ``X-Vidlake-SHA256`` header; ``GET|POST
+    /v1/corrupt-members`` for the shared record of corrupt members.
     """
 
     def __init__(
@@ -264,13 +266,20 @@ class HttpSource(SnapshotSource):
 
     # -- transport ---------------------------------------------------------------------
     def _open(
-        self, path: str, *, method: str = "GET", headers: dict[str, str] | None = None
+        self,
+        path: str,
+        *,
+        method: str = "GET",
+        headers: dict[str, str] | None = None,
+        data: bytes | None = None,
     ) -> Any:
         """Open ``path`` with retries on connection errors and 5xx; map the rest to ours."""
         req_headers = dict(headers or {})
         if self._token:
             req_headers["Authorization"] = f"Bearer {self._token}"
-        request = urllib.request.Request(self.url + path, headers=req_headers, method=method)
+        request = urllib.request.Request(
+            self.url + path, headers=req_headers, method=method, data=data
+        )
         for attempt in range(self._retries + 1):
             try:
                 return urllib.request.urlopen(request, timeout=self._timeout_s)
@@ -287,6 +296,26 @@ class HttpSource(SnapshotSource):
                     continue
                 raise StorageError(f"GET {self.url}{path} failed: {exc}", url=self.url) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def failed_members(self) -> frozenset[str]:
+        try:
+            body, _ = self._get_bytes("/v1/corrupt-members")
+        except NotFound:  # a service from before the record: it holds none
+            return frozenset()
+        return frozenset(json.loads(body)["members"])
+
+    def record_failed_member(self, record: dict[str, Any]) -> bool:
+        """Report the member to the service, which records it only if its own read
+        fails too; a 409 (it verifies there) is :class:`Conflict`."""
+        data = json.dumps(record).encode()
+        headers = {"Content-Type": "application/json"}
+        try:
+            with self._open("/v1/corrupt-members", method="POST", headers=headers, data=data) as r:
+                return bool(json.loads(r.read())["recorded"])
+        except InvalidInput as exc:
+            if exc.details.get("status") == 409:
+                raise Conflict(exc.message, **exc.details) from None
+            raise
 
     def _get_bytes(self, path: str, headers: dict[str, str] | None = None) -> tuple[bytes, Any]:
         with self._open(path, headers=headers) as resp:

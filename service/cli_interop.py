@@ -8,6 +8,8 @@
 
 Both exit 1 when any shard fails its whole-TAR SHA-256 (or any recorded member is
 corrupt), so a script can gate on them; 2 is an error.
+* ``vidlake import corrupt-members [--url]`` lists the members loaders recorded as
+  corrupt (``GET /v1/corrupt-members``).
 * ``vidlake export tar-shards --snapshot V --out DIR|s3://…`` writes a snapshot as
   bucket-pure TAR shards with a manifest (:mod:`interop.tar_export`).
 
@@ -23,7 +25,7 @@ from typing import Annotated, Any
 
 import typer
 
-from service.cli_common import emit, open_lake, progress
+from service.cli_common import TokenOpt, UrlOpt, emit, open_client, open_lake, progress
 from service.cli_common import out as console
 
 __all__ = ["export_app", "import_app"]
@@ -129,6 +131,21 @@ def verify_tar_shards_cmd(as_json: JsonOpt = False) -> None:
     emit(result, as_json, _render_verify)
     if not result["ok"]:
         raise typer.Exit(1)
+
+
+@import_app.command("corrupt-members")
+def corrupt_members_cmd(
+    url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """List the latent members loaders recorded as corrupt (every rank skips them;
+    ``tar-shards-verify`` quarantines their samples)."""
+    with open_client(url, token) as client:
+        result = client.corrupt_members()
+    emit(
+        result,
+        as_json,
+        lambda r: console.print("\n".join(r["members"]) or "no corrupt members recorded"),
+    )
 
 
 @export_app.command("tar-shards")
