@@ -82,6 +82,9 @@ def test_ranks_skip_the_corrupt_member_and_verify_quarantines_it(
         clip_ids = set(pa.ipc.open_file(f).read_all()["clip_id"].to_pylist())
     assert clip_ids and bad_clip not in clip_ids
 
+    listed = CliRunner().invoke(app, ["import", "corrupt-members", "--json"])
+    assert listed.exit_code == 0 and json.loads(listed.stdout) == {"members": [data.corrupt_sha256]}
+
     # The CLI gate: any failing shard or recorded member makes it exit 1.
     res = CliRunner().invoke(app, ["import", "tar-shards-verify", "--json"])
     assert res.exit_code == 1, res.output
