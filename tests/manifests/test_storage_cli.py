@@ -122,3 +122,15 @@ def test_cli_watch_passes_and_status(s3_server: str, s3_bucket: str, tmp_path: P
     out = _run(*args, "--status-file", str(status_file), "--passes", "1", "--poll-seconds", "0")
     assert out["files_uploaded"] == 1 and out["backlog_files"] == 0
     assert json.loads(status_file.read_text())["files_done"] == 1
+
+
+def test_the_connection_record_names_what_boto3_resolved(s3_server: str, s3_bucket: str) -> None:
+    """A store opened with no endpoint reaches the one in AWS_ENDPOINT_URL; the record
+    (what restore_spec.json keeps) must name it rather than null."""
+    from catalog.objects.s3 import S3ObjectStore
+    from manifests.storage.seal import connection_record
+
+    plain = connection_record(S3ObjectStore(s3_bucket, "p"))
+    assert plain == {"endpoint_url": s3_server, "path_style": False, "region_name": "us-east-1"}
+    styled = connection_record(S3ObjectStore(s3_bucket, "p", path_style=True))
+    assert styled["path_style"] is True
