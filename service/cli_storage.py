@@ -40,8 +40,8 @@ def _lake() -> Any:
 
 def _bucket_store(bucket: str, prefix: str, endpoint_url: str | None) -> Any:
     """The bucket store of ``--bucket``/``--prefix``: ``--endpoint-url``, else the
-    settings' endpoint (``AWS_ENDPOINT_URL`` as fallback), path style and region (the
-    store reads no setting of its own)."""
+    settings' endpoint and path style (the store reads no setting of its own; what boto3
+    resolves beyond them is recorded by a seal: ``manifests.storage.seal``)."""
     from catalog.objects.s3 import S3ObjectStore
     from service.settings import get_settings
 
@@ -49,9 +49,8 @@ def _bucket_store(bucket: str, prefix: str, endpoint_url: str | None) -> Any:
     return S3ObjectStore(
         bucket,
         prefix,
-        endpoint_url=endpoint_url or settings.s3_endpoint(),
+        endpoint_url=endpoint_url or settings.s3_endpoint_url,
         path_style=settings.s3_path_style or None,
-        region_name=settings.s3_region_name(),
     )
 
 
