@@ -20,13 +20,24 @@ import torch
 from numpy.typing import NDArray
 
 from catalog.errors import IntegrityError
+from loader.corrupt import Corrupt
 from loader.plan import StepInfo
 
 __all__ = ["RESERVED_KEYS", "BatchBuffer", "BufferPool", "Step"]
 
 #: Keys of a batch that are not tensors from the latent (tensor keys may not use them).
 RESERVED_KEYS = frozenset(
-    {"clip_ids", "rows", "step", "phase", "bucket", "captions", "text_embeddings", "erased"}
+    {
+        "clip_ids",
+        "rows",
+        "step",
+        "phase",
+        "bucket",
+        "captions",
+        "text_embeddings",
+        "erased",
+        "corrupt",
+    }
 )
 
 
@@ -110,12 +121,15 @@ class Step:
         table: pa.Table,
         captions: list[str | None],
         buffer: BatchBuffer,
-        latents: list[Future[dict[str, torch.Tensor] | None]],
+        latents: list[Future[dict[str, torch.Tensor] | Corrupt | None]],
         embeds: list[Future[Any] | None],
         erased: int = 0,
+        corrupt: int = 0,
     ) -> None:
         self.info = info
         self.erased = erased
+        #: Rows dropped as corrupt (loader.corrupt): recorded ones, then read ones.
+        self.corrupt = corrupt
         self.rows = rows
         self.table = table
         self.captions = captions
@@ -130,8 +144,9 @@ class Step:
 
     def assemble(self) -> dict[str, Any]:
         misfits = [(i, f.result()) for i, f in enumerate(self.latents)]
+        dropped = {i for i, r in misfits if isinstance(r, Corrupt)}
         for i, tensors in misfits:
-            if tensors is not None:
+            if tensors is not None and not isinstance(tensors, Corrupt):
                 found = {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()}
                 clip, obj = (self.table.column(c)[i].as_py() for c in ("clip_id", "object_sha256"))
                 raise IntegrityError(
@@ -157,7 +172,24 @@ class Step:
         embeds = [f.result() if f is not None else None for f in self.embeds]
         if any(e is not None for e in embeds):
             batch["text_embeddings"] = _maybe_stack(embeds)
-        return batch
+        self.corrupt += len(dropped)
+        batch["corrupt"] = self.corrupt
+        return _without(batch, dropped, len(self.latents)) if dropped else batch
+
+
+def _without(batch: dict[str, Any], dropped: set[int], n: int) -> dict[str, Any]:
+    """``batch`` without rows ``dropped`` (corrupt members): every per-row value."""
+    keep = [i for i in range(n) if i not in dropped]
+    index = torch.tensor(keep, dtype=torch.long)
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == n:
+            out[key] = value.index_select(0, index)
+        elif isinstance(value, list) and len(value) == n:
+            out[key] = [value[i] for i in keep]
+        else:
+            out[key] = value
+    return out
 
 
 def _maybe_stack(items: list[Any]) -> Any:

@@ -19,6 +19,10 @@ Each iterator owns a bounded thread pool that fetches and decodes the rows of th
 time. Leases are held only while a row is fetched and decoded; closing the iterator
 (exhaustion, ``close()``, an exception, garbage collection) cancels what is queued and
 joins the threads.
+
+A latent member whose stored bytes fail their SHA-256 is skipped by every rank that is
+handed it, the same way at the same step, and recorded for quarantine
+(``on_corrupt="skip"``; ``"fail"`` raises): the rule is in :mod:`loader.corrupt`.
 """
 
 from __future__ import annotations
@@ -36,9 +40,17 @@ from filelock import FileLock
 from numpy.typing import NDArray
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from catalog.errors import IntegrityError, InvalidInput
+from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput
 from loader.batch import BatchBuffer, BufferPool, Step
 from loader.cache import NodeCache
+from loader.corrupt import (
+    Corrupt,
+    OnCorrupt,
+    check_policy,
+    confirm_and_record,
+    drop_recorded,
+    named_error,
+)
 from loader.decode import (
     copy_into,
     decode_file,
@@ -93,6 +105,9 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         token: bearer token for a service source.
         endpoint_url: S3-compatible endpoint for an ``s3://`` source.
         path_style: S3 path-style addressing.
+        on_corrupt: ``"skip"`` drops a row whose member's stored bytes fail their
+            SHA-256 (counted in ``batch["corrupt"]``), ``"fail"`` raises
+            :class:`ChecksumMismatch`; both record it for quarantine (:mod:`loader.corrupt`).
     """
 
     def __init__(
@@ -115,6 +130,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         token: str | None = None,
         endpoint_url: str | None = None,
         path_style: bool | None = None,
+        on_corrupt: OnCorrupt = "skip",
     ) -> None:
         super().__init__()
         if world_size < 1 or not 0 <= rank < world_size:
@@ -136,12 +152,14 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         self.cache_reserve_bytes = cache_reserve_bytes
         self.cache_full_wait_s = cache_full_wait_s
         self.text_embeddings = text_embeddings
+        self.on_corrupt = check_policy(on_corrupt)
         self._source_kw = {"token": token, "endpoint_url": endpoint_url, "path_style": path_style}
         self._next_step = start_step
         self._plan: PlanReader | None = None
         self._src: SnapshotSource | None = None
         self._sizes: dict[str, int] = {}
         self._erased_skipped = 0
+        self._corrupt_skipped = 0
 
     # -- lazily created per process ----------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -197,15 +215,17 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
 
     # -- state -------------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
-        """Erasure accounting: ``erased_rows`` of the plan (manifest rows a hard
-        takedown erased) and ``erased_skipped``, the rank-local rows this process's
-        iteration skipped because they were erased (each batch also carries its own
-        count as ``batch["erased"]``, which is what DataLoader workers report)."""
+        """Skip accounting: ``erased_rows`` of the plan (manifest rows a hard
+        takedown erased); ``erased_skipped`` and ``corrupt_skipped``, the rank-local
+        rows this process's iteration skipped because they were erased or corrupt
+        (each batch also carries its own counts as ``batch["erased"]`` and
+        ``batch["corrupt"]``, which is what DataLoader workers report)."""
         plan = self.plan
         return {
             "erased_rows": int(plan.erased_rows.size),
             "erasure_ids": list(plan.erasure_ids),
             "erased_skipped": self._erased_skipped,
+            "corrupt_skipped": self._corrupt_skipped,
         }
 
     @property
@@ -274,10 +294,11 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         buffers = BufferPool(keep=self.prefetch_steps + 3) if track else None
         pending: collections.deque[Step] = collections.deque()
         todo = iter(steps)
+        failed = self._open_source().failed_members()  # the shared record, once
 
         def top_up(depth: int) -> None:
             while len(pending) < depth and (step := next(todo, None)) is not None:
-                pending.append(self._submit(executor, buffers, cache, plan, step))
+                pending.append(self._submit(executor, buffers, cache, plan, step, failed))
 
         try:
             top_up(self.prefetch_steps + 1)
@@ -289,7 +310,12 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
                 if track:
                     self._next_step = current.info.step + 1
                     self._erased_skipped += current.erased
+                    self._corrupt_skipped += current.corrupt
                 yield batch
+                # With prefetch_steps=0 nothing is in flight while the consumer holds a
+                # step: submit the next one only now.
+                if not pending:
+                    top_up(1)
         finally:
             for item in pending:
                 item.cancel()
@@ -303,6 +329,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         cache: NodeCache,
         plan: PlanReader,
         step: int,
+        failed: frozenset[str] = frozenset(),
     ) -> Step:
         info = plan.step_info(step)
         rows = plan.rows(step, self.rank, self.world_size)
@@ -313,6 +340,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             erased = int(rows.size - keep.sum())
             rows = rows[keep]
         table = plan.index_columns(rows, _INDEX_COLUMNS)
+        rows, table, known = drop_recorded(rows, table, failed, step, self.on_corrupt)
         records = table.to_pylist()
         variants = _caption_variants(records, rows, info)
         buffer = BatchBuffer(len(records), buffers)
@@ -329,15 +357,17 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             rec["captions"][v] if v is not None else None
             for rec, v in zip(records, variants, strict=True)
         ]
-        return Step(info, rows, table, captions, buffer, latents, embeds, erased)
+        return Step(info, rows, table, captions, buffer, latents, embeds, erased, known)
 
     def _load_latent(
         self, cache: NodeCache, rec: dict[str, Any], buffer: BatchBuffer, i: int
-    ) -> dict[str, torch.Tensor] | None:
+    ) -> dict[str, torch.Tensor] | Corrupt | None:
         """Fetch row ``i``'s latent and decode it into its row of the batch tensors.
 
-        Returns None when the row landed in the batch buffer, or the decoded tensors
-        when they do not fit it (the step then fails with a clear error).
+        Returns None when the row landed in the batch buffer, the decoded tensors
+        when they do not fit it (the step then fails with a clear error), or
+        :class:`Corrupt` when the member's stored bytes are corrupt and the policy is
+        ``skip`` (:mod:`loader.corrupt`).
 
         Raises:
             IntegrityError: (or its ChecksumMismatch) the bytes are not what the index
@@ -347,18 +377,14 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         try:
             return self._read_latent(cache, rec, buffer, i)
         except (IntegrityError, InvalidInput) as exc:
-            kind = type(exc) if isinstance(exc, IntegrityError) else IntegrityError
-            where = f"{rec['object_sha256']}@{rec['offset']}+{rec['length']}"
-            raise kind(
-                f"clip {rec['clip_id']} (object {where}): {exc.message}",
-                **{
-                    **exc.details,
-                    "clip_id": rec["clip_id"],
-                    "object_sha256": rec["object_sha256"],
-                    "offset": rec["offset"],
-                    "length": rec["length"],
-                },
-            ) from exc
+            err = named_error(rec, exc)
+        # Recorded under either policy; only a failure of the source's own bytes counts.
+        corrupt = isinstance(err, ChecksumMismatch) and confirm_and_record(
+            self._open_source(), rec, self.version, err
+        )
+        if corrupt and self.on_corrupt == "skip":
+            return Corrupt(rec["clip_id"], rec["member_sha256"])
+        raise err
 
     def _read_latent(
         self, cache: NodeCache, rec: dict[str, Any], buffer: BatchBuffer, i: int

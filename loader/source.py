@@ -11,6 +11,10 @@ A :class:`SnapshotSource` answers four questions, each with verified bytes:
 * ``fetch_object(sha256, dest)`` / ``fetch_member(...)`` — latent bytes for the node
   cache: a whole object, or a byte range whose SHA-256 is checked *before* it is
   written (a packed member).
+* ``failed_members()`` / ``record_failed_member(record)`` — the shared record of packed
+  members whose stored bytes failed their SHA-256 (``refs/failed-members/`` in a store,
+  :mod:`catalog.objects.refs`), which decides the loader's corrupt-member skips. A
+  service source holds none and records none (the rank logs the failure instead).
 
 Sources hold no live connection: the store creates its client lazily, the HTTP source
 uses one ``urllib`` request per call. Both pickle into DataLoader workers.
@@ -31,6 +35,7 @@ from typing import IO, Any
 from catalog.atomic import atomic_path
 from catalog.errors import (
     ChecksumMismatch,
+    Conflict,
     Forbidden,
     InvalidInput,
     NotFound,
@@ -40,7 +45,13 @@ from catalog.errors import (
 )
 from catalog.hashing import CHUNK, require_sha256, sha256_bytes
 from catalog.objects import ObjectStore, open_store
-from catalog.objects.refs import download_ref, get_ref, resolve_range
+from catalog.objects.refs import (
+    download_ref,
+    get_ref,
+    list_failed_members,
+    record_member_failure,
+    resolve_range,
+)
 from manifests.format import erasure_prefix, erasure_seq, registry_key
 
 __all__ = ["HttpSource", "SnapshotSource", "StoreSource", "open_source"]
@@ -72,6 +83,17 @@ class SnapshotSource(ABC):
         A source that cannot hold erasure marks has none (this default).
         """
         return None
+
+    def failed_members(self) -> frozenset[str]:
+        """SHA-256s of packed members recorded as failing their check; a source that
+        cannot hold the record has none (this default)."""
+        return frozenset()
+
+    def record_failed_member(self, record: dict[str, Any]) -> bool:
+        """Record a member whose stored bytes failed their SHA-256 (create-only); True
+        if this call created the record, False if it existed or this source cannot
+        record (this default)."""
+        return False
 
     @abstractmethod
     def download_artifact(self, version: int, name: str, sha256: str, dest: Path) -> None:
@@ -178,6 +200,12 @@ class StoreSource(SnapshotSource):
     def download_artifact(self, version: int, name: str, sha256: str, dest: Path) -> None:
         self.fetch_object(sha256, dest)
 
+    def failed_members(self) -> frozenset[str]:
+        return frozenset(list_failed_members(self.store))
+
+    def record_failed_member(self, record: dict[str, Any]) -> bool:
+        return record_member_failure(self.store, record)
+
     def object_size(self, sha256: str) -> int:
         info = self.store.head(sha256)
         if info is not None:
@@ -221,7 +249,8 @@ class HttpSource(SnapshotSource):
 
     Endpoints used (documented in ``docs/loader.md``): ``GET /v1/snapshots/{v}``,
     ``GET /v1/snapshots/{v}/artifacts/{name}`` and ``GET /v1/objects/{sha256}``, the
-    latter two with ``Range`` support and the ``X-Vidlake-SHA256`` header.
+    latter two with ``Range`` support and the ``X-Vidlake-SHA256`` header; ``GET|POST
+    /v1/corrupt-members`` for the shared record of corrupt members.
     """
 
     def __init__(
@@ -237,13 +266,20 @@ class HttpSource(SnapshotSource):
 
     # -- transport ---------------------------------------------------------------------
     def _open(
-        self, path: str, *, method: str = "GET", headers: dict[str, str] | None = None
+        self,
+        path: str,
+        *,
+        method: str = "GET",
+        headers: dict[str, str] | None = None,
+        data: bytes | None = None,
     ) -> Any:
         """Open ``path`` with retries on connection errors and 5xx; map the rest to ours."""
         req_headers = dict(headers or {})
         if self._token:
             req_headers["Authorization"] = f"Bearer {self._token}"
-        request = urllib.request.Request(self.url + path, headers=req_headers, method=method)
+        request = urllib.request.Request(
+            self.url + path, headers=req_headers, method=method, data=data
+        )
         for attempt in range(self._retries + 1):
             try:
                 return urllib.request.urlopen(request, timeout=self._timeout_s)
@@ -260,6 +296,26 @@ class HttpSource(SnapshotSource):
                     continue
                 raise StorageError(f"GET {self.url}{path} failed: {exc}", url=self.url) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def failed_members(self) -> frozenset[str]:
+        try:
+            body, _ = self._get_bytes("/v1/corrupt-members")
+        except NotFound:  # a service from before the record: it holds none
+            return frozenset()
+        return frozenset(json.loads(body)["members"])
+
+    def record_failed_member(self, record: dict[str, Any]) -> bool:
+        """Report the member to the service, which records it only if its own read
+        fails too; a 409 (it verifies there) is :class:`Conflict`."""
+        data = json.dumps(record).encode()
+        headers = {"Content-Type": "application/json"}
+        try:
+            with self._open("/v1/corrupt-members", method="POST", headers=headers, data=data) as r:
+                return bool(json.loads(r.read())["recorded"])
+        except InvalidInput as exc:
+            if exc.details.get("status") == 409:
+                raise Conflict(exc.message, **exc.details) from None
+            raise
 
     def _get_bytes(self, path: str, headers: dict[str, str] | None = None) -> tuple[bytes, Any]:
         with self._open(path, headers=headers) as resp:

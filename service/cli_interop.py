@@ -3,7 +3,13 @@
 * ``vidlake import tar-shards SOURCE [--revision vNNNNNN]`` adopts a TAR-shard dataset
   by reference (:mod:`interop.tar_import`); ``--verify`` then hashes every
   referenced shard in full and quarantines the samples of any that fail.
-* ``vidlake import tar-shards-verify`` runs that full check alone.
+* ``vidlake import tar-shards-verify`` runs that full check alone, and quarantines the
+  samples whose members a loader recorded as corrupt (:mod:`interop.corrupt`).
+
+Both exit 1 when any shard fails its whole-TAR SHA-256 (or any recorded member is
+corrupt), so a script can gate on them; 2 is an error.
+* ``vidlake import corrupt-members [--url]`` lists the members loaders recorded as
+  corrupt (``GET /v1/corrupt-members``).
 * ``vidlake export tar-shards --snapshot V --out DIR|s3://…`` writes a snapshot as
   bucket-pure TAR shards with a manifest (:mod:`interop.tar_export`).
 
@@ -13,12 +19,13 @@ shows progress bars on stderr, ``--json`` prints the report for scripts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from service.cli_common import emit, open_lake, progress
+from service.cli_common import TokenOpt, UrlOpt, emit, open_client, open_lake, progress
 from service.cli_common import out as console
 
 __all__ = ["export_app", "import_app"]
@@ -43,8 +50,28 @@ def _render_import(report: dict[str, Any]) -> None:
         f"{report.get('header_requests', 0)} requests"
     )
     if "verify" in report:
-        v = report["verify"]
-        console.print(f"verified {len(v['verified'])} shards; failed: {v['failed'] or 'none'}")
+        _render_verify(report["verify"])
+
+
+def _render_verify(v: dict[str, Any]) -> None:
+    console.print(f"verified {len(v['verified'])} shards; failed: {v['failed'] or 'none'}")
+    members = v.get("corrupt_members", {})
+    if members.get("members"):
+        console.print(
+            f"corrupt members recorded by loaders: {len(members['members'])} "
+            f"({len(members['clips'])} clips; {members['quarantined']} assets newly quarantined)"
+        )
+
+
+def _verify(catalog: Any, report: Callable[[str, float], None]) -> dict[str, Any]:
+    """Whole-shard check, then quarantine of loader-recorded corrupt members."""
+    from interop.corrupt import quarantine_failed_members
+    from interop.tar_import import verify_shards
+
+    result = verify_shards(catalog, progress=report)
+    result["corrupt_members"] = quarantine_failed_members(catalog)
+    result["ok"] = not result["failed"] and not result["corrupt_members"]["members"]
+    return result
 
 
 @import_app.command("tar-shards")
@@ -69,7 +96,7 @@ def import_tar_shards_cmd(
     as_json: JsonOpt = False,
 ) -> None:
     """Adopt a TAR-shard dataset without copying a byte (headers-only indexing)."""
-    from interop.tar_import import ImportOptions, import_tar_shards, verify_shards
+    from interop.tar_import import ImportOptions, import_tar_shards
 
     options = ImportOptions(
         rung=rung,
@@ -84,24 +111,43 @@ def import_tar_shards_cmd(
                 lake.catalog, source, revision=revision, options=options, progress=report
             ).to_dict()
             if verify:
-                result["verify"] = verify_shards(lake.catalog, progress=report)
+                result["verify"] = _verify(lake.catalog, report)
     finally:
         lake.close()
     emit(result, as_json, _render_import)
+    if verify and not result["verify"]["ok"]:
+        raise typer.Exit(1)
 
 
 @import_app.command("tar-shards-verify")
 def verify_tar_shards_cmd(as_json: JsonOpt = False) -> None:
-    """Hash every referenced TAR shard in full; quarantine the samples of any that fail."""
-    from interop.tar_import import verify_shards
-
+    """Hash every referenced TAR shard in full (its whole-TAR SHA-256 at EOF); quarantine
+    the samples of any that fail and of members loaders recorded as corrupt. Exit 1 when
+    any shard or member fails."""
     lake = open_lake()
     try:
         with progress(not as_json) as report:
-            result = verify_shards(lake.catalog, progress=report)
+            result = _verify(lake.catalog, report)
     finally:
         lake.close()
-    emit(result, as_json)
+    emit(result, as_json, _render_verify)
+    if not result["ok"]:
+        raise typer.Exit(1)
+
+
+@import_app.command("corrupt-members")
+def corrupt_members_cmd(
+    url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False
+) -> None:
+    """List the latent members loaders recorded as corrupt (every rank skips them;
+    ``tar-shards-verify`` quarantines their samples)."""
+    with open_client(url, token) as client:
+        result = client.corrupt_members()
+    emit(
+        result,
+        as_json,
+        lambda r: console.print("\n".join(r["members"]) or "no corrupt members recorded"),
+    )
 
 
 @export_app.command("tar-shards")

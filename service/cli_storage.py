@@ -40,7 +40,8 @@ def _lake() -> Any:
 
 def _bucket_store(bucket: str, prefix: str, endpoint_url: str | None) -> Any:
     """The bucket store of ``--bucket``/``--prefix``: ``--endpoint-url``, else the
-    settings' endpoint and path style (the store reads no setting of its own)."""
+    settings' endpoint and path style (the store reads no setting of its own; what boto3
+    resolves beyond them is recorded by a seal: ``manifests.storage.seal``)."""
     from catalog.objects.s3 import S3ObjectStore
     from service.settings import get_settings
 
@@ -228,7 +229,11 @@ def cleanup_check(
     endpoint_url: EndpointOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Say, per file, whether it is safe to delete and which condition fails. Deletes nothing."""
+    """Say, per file, whether it is safe to delete and which condition fails. Deletes nothing.
+
+    Exit 0 only when every file is safe; exit 1 when any is NOT SAFE (so a deletion
+    script can gate on it); exit 2 on an error. ``--json`` lists each file with its
+    failed conditions and reasons."""
     from manifests.storage.cleanup import cleanup_check as check
     from manifests.storage.inventory import read_inventory
     from manifests.storage.receipts import read_receipts
@@ -253,7 +258,12 @@ def cleanup_check(
         + "".join(f"\n    {c}: {v['reasons'][c]}" for c in v["failed"])
         for v in verdicts
     ]
-    _emit(as_json, {"files": verdicts, "safe": sum(v["safe"] for v in verdicts)}, "\n".join(lines))
+    unsafe = sum(not v["safe"] for v in verdicts)
+    summary = {"files": verdicts, "safe": len(verdicts) - unsafe, "not_safe": unsafe}
+    summary["all_safe"] = unsafe == 0
+    _emit(as_json, summary, "\n".join(lines))
+    if unsafe:
+        raise typer.Exit(1)
 
 
 def _newer_references(sealed: int) -> list[set[str]]:

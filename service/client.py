@@ -161,6 +161,15 @@ class Client(Protocol):
         """One erasure (``ErasurePublic``)."""
         ...
 
+    def corrupt_members(self) -> dict[str, Any]:
+        """Latent members recorded as corrupt: ``{"members": [sha256, …]}``."""
+        ...
+
+    def report_corrupt_member(self, report: dict[str, Any]) -> dict[str, Any]:
+        """Report a corrupt member (``CorruptMemberReport``); recorded only when the
+        lake's own read of it fails (Conflict when it verifies)."""
+        ...
+
     def close(self) -> None:
         """Release what the client holds (connections, the embedded catalog)."""
         ...
@@ -423,6 +432,14 @@ class HttpClient:
 
     def erasure(self, erasure_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/v1/erasures/{erasure_id}")
+        return result
+
+    def corrupt_members(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/v1/corrupt-members")
+        return result
+
+    def report_corrupt_member(self, report: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/v1/corrupt-members", json=report)
         return result
 
     def close(self) -> None:

@@ -199,6 +199,22 @@ class LocalClient:
             )
         return _json(get_one(self.services, self._caller(), erasure_id))
 
+    def corrupt_members(self) -> dict[str, Any]:
+        from service.corrupt_members import list_members
+
+        return list_members(self.services)
+
+    def report_corrupt_member(self, report: dict[str, Any]) -> dict[str, Any]:
+        from pydantic import ValidationError
+
+        from service.corrupt_members import CorruptMemberReport, report_member
+
+        try:
+            body = CorruptMemberReport.model_validate(report)
+        except ValidationError as exc:
+            raise InvalidInput(f"not a corrupt-member report: {exc}") from None
+        return report_member(self.services, self._caller(), body)
+
     def close(self) -> None:
         if self._owns:
             self.services.close()

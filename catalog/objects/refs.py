@@ -17,6 +17,11 @@ Readers resolve an absent object through its reference:
   :class:`ChecksumMismatch` and leaves nothing behind (the full-shard check). The
   failure is recorded as ``refs/failed/<sha256>.json`` so that the catalog side can
   quarantine what depends on it (:func:`interop.tar_import.quarantine_failed`).
+* :func:`record_member_failure` / :func:`list_failed_members` — a packed member (one
+  sample inside a shard or pack) whose bytes in the store failed their SHA-256, as the
+  loader found it: ``refs/failed-members/<member sha256>.json`` (create-only). Loader
+  ranks skip what it lists, and ``vidlake import tar-shards-verify`` quarantines the
+  samples it names (:mod:`interop.corrupt`).
 
 :class:`RefStore` wraps any store with those fallbacks for code that takes an
 :class:`ObjectStore`. A reference never makes a stored object: ``iter_objects`` lists
@@ -53,11 +58,14 @@ __all__ = [
     "RefStore",
     "download_ref",
     "failed_key",
+    "failed_member_key",
     "get_ref",
     "iter_url",
     "list_failed",
+    "list_failed_members",
     "put_ref",
     "read_url_range",
+    "record_member_failure",
     "ref_key",
     "resolve_head",
     "resolve_range",
@@ -213,6 +221,28 @@ def record_failure(store: ObjectStore, ref: ObjectRef, actual: str, size: int) -
 def list_failed(store: ObjectStore) -> list[str]:
     """SHA-256s of referenced objects recorded as failing their full check."""
     prefix = f"{REFS_DIR}/failed/"
+    return sorted(k.removeprefix(prefix).removesuffix(".json") for k in store.list_keys(prefix))
+
+
+def failed_member_key(member_sha256: str) -> str:
+    """The named key recording that packed member ``member_sha256`` failed its check."""
+    return f"{REFS_DIR}/failed-members/{require_sha256(member_sha256)}.json"
+
+
+def record_member_failure(store: ObjectStore, record: dict[str, Any]) -> bool:
+    """Record (create-only) that ``record["member_sha256"]``'s stored bytes failed their
+    SHA-256; True if this call created the record (an existing one stands)."""
+    key = failed_member_key(str(record["member_sha256"]))
+    try:
+        store.put_key(key, json.dumps(record, sort_keys=True).encode())
+    except Conflict:
+        return False
+    return True
+
+
+def list_failed_members(store: ObjectStore) -> list[str]:
+    """SHA-256s of packed members recorded as failing their check (sorted)."""
+    prefix = f"{REFS_DIR}/failed-members/"
     return sorted(k.removeprefix(prefix).removesuffix(".json") for k in store.list_keys(prefix))
 
 

@@ -12,7 +12,8 @@ Given the local pointer written by :func:`manifests.storage.seal.seal`, :func:`r
 4. creates ``DIR/catalog.db`` with the namespace's frozen properties and registers each
    table from a copy of its metadata JSON that adds the :mod:`catalog.fileio` properties (the
    Avro files and data files are the originals, byte for byte);
-5. writes ``DIR/vidlake.json``, a settings file whose object store is the bucket.
+5. writes ``DIR/vidlake.json``, a settings file whose object store is the bucket, with
+   the endpoint, path style and region the spec's pointer records (no environment needed).
 
 No latent is fetched: the loader's cache pulls them from the bucket on use.
 :func:`check_restore` then reads one step of the sealed snapshot through the loader and
@@ -55,6 +56,7 @@ def open_spec_store(pointer: dict[str, Any], endpoint_url: str | None = None) ->
         pointer.get("prefix", ""),
         endpoint_url=endpoint_url or pointer.get("endpoint_url"),
         path_style=pointer.get("path_style"),
+        region_name=pointer.get("region_name"),
     )
 
 
@@ -124,6 +126,7 @@ def restore(
         "namespace": spec["namespace"],
         "s3_endpoint_url": store.endpoint_url,
         "s3_path_style": bool(store.path_style),
+        "s3_region": store.region_name,
     }
     write_json_atomic(out / "vidlake.json", settings)
     return {
@@ -181,6 +184,7 @@ def _register_tables(out: Path, spec: dict[str, Any], store: S3ObjectStore) -> A
         objects=store.url,
         s3_endpoint_url=store.endpoint_url,
         s3_path_style=store.path_style,
+        s3_region=store.region_name,
     )
     old_root = spec["source_warehouse"].rstrip("/")
     new_root = (out / "warehouse").as_uri()

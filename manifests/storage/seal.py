@@ -9,7 +9,9 @@ named keys in the bucket (create-only; an identical existing key is fine), and w
 the *restore spec* — the catalog namespace's properties, every Iceberg table's
 metadata location and SHA-256, every catalog file, the registry entries, object counts
 and bytes — as a create-only named key, reads it back and checks its SHA-256. The
-small local ``restore_spec.json`` (bucket, prefix, key, size, SHA-256, ETag) is all a
+small local ``restore_spec.json`` (bucket, prefix, key, size, SHA-256, ETag, and the
+endpoint, path style and region the seal actually used — resolved from the client, so an
+endpoint that came from ``AWS_ENDPOINT_URL`` is recorded too; never credentials) is all a
 restore needs besides credentials.
 """
 
@@ -29,7 +31,14 @@ from manifests.registry import canonical_json
 from manifests.storage.inventory import Inventory
 from manifests.storage.receipts import Receipt, read_receipts
 
-__all__ = ["SPEC_FORMAT", "SPEC_PREFIX", "coverage_gaps", "seal", "write_json_atomic"]
+__all__ = [
+    "SPEC_FORMAT",
+    "SPEC_PREFIX",
+    "connection_record",
+    "coverage_gaps",
+    "seal",
+    "write_json_atomic",
+]
 
 SPEC_FORMAT = 1
 SPEC_PREFIX = "restore-specs/"
@@ -140,13 +149,26 @@ def seal(
         "size": len(body),
         "sha256": sha,
         "etag": store.key_etag(key),
-        "endpoint_url": store.endpoint_url,
-        "path_style": store.path_style,
+        **connection_record(store),
         "snapshot": header["snapshot"],
         "created_at": spec["created_at"],
     }
     write_json_atomic(Path(out_dir) / "restore_spec.json", pointer)
     return pointer
+
+
+def connection_record(store: S3ObjectStore) -> dict[str, Any]:
+    """How ``store`` reaches its bucket, as its client resolved it: ``endpoint_url``,
+    ``path_style`` and ``region_name``. An unset endpoint or region is whatever boto3
+    chose (``AWS_ENDPOINT_URL``, ``AWS_REGION``, the config file), so the record names the
+    endpoint actually used and a restore needs no environment. No credential is read."""
+    meta = store.client.meta
+    style = (meta.config.s3 or {}).get("addressing_style")
+    return {
+        "endpoint_url": store.endpoint_url or meta.endpoint_url,
+        "path_style": store.path_style if store.path_style is not None else style == "path",
+        "region_name": store.region_name or meta.region_name,
+    }
 
 
 def write_json_atomic(path: Path, value: Any) -> None:

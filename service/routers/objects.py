@@ -1,5 +1,7 @@
 """Byte streaming with Range support: ``GET|HEAD /v1/objects/{sha256}`` (latents and
-any other stored object) and the helper the artifact endpoint shares.
+any other stored object) and the helper the artifact endpoint shares; ``GET|POST
+/v1/corrupt-members``, the record of latent members loaders found corrupt
+(:mod:`service.corrupt_members`).
 
 An object only eval rows reference is a 404 to a caller without the ``eval`` scope
 (:mod:`service.eval_objects`), for ``GET``, ``HEAD`` and ranges alike.
@@ -24,6 +26,7 @@ from catalog.errors import NotFound
 from catalog.objects import ObjectStore
 from catalog.objects.refs import RefStore
 from service.auth import Principal
+from service.corrupt_members import CorruptMemberReport, list_members, report_member
 from service.deps import Reader, Services, Svc
 from service.errors import RangeNotSatisfiable
 from service.metrics import Metrics
@@ -202,3 +205,25 @@ def head_object(
     range_header: str | None = _RANGE_HEADER,
 ) -> Response:
     return _object(services, principal, sha256, range_header, head=True)
+
+
+# -- corrupt members reported by loaders (service.corrupt_members) ----------------------
+@router.get(
+    "/corrupt-members",
+    responses={401: {"model": ErrorResponse}, 403: {"model": ErrorResponse}},
+    summary="Latent members recorded as corrupt: the record every loader rank skips by",
+)
+def get_corrupt_members(services: Svc, principal: Reader) -> dict[str, Any]:
+    return list_members(services)
+
+
+@router.post(
+    "/corrupt-members",
+    responses={code: {"model": ErrorResponse} for code in (401, 403, 404, 409, 422)},
+    summary="Report a member whose bytes failed their SHA-256; recorded only when the "
+    "service's own read of it fails too (409 when it verifies)",
+)
+def post_corrupt_member(
+    services: Svc, principal: Reader, report: CorruptMemberReport
+) -> dict[str, Any]:
+    return report_member(services, principal, report)

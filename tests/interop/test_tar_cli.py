@@ -42,7 +42,7 @@ def test_cli_import_verify_and_export(home: Path, tmp_path: Path) -> None:
     first = _json(res.stdout)
     assert first["revision"] == "v000001" and first["imported"] == len(data.v1_ids)
     res = runner.invoke(app, ["import", "tar-shards", str(data.root), "--verify", "--json"])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # a shard failed: the gate says so
     second = _json(res.stdout)
     assert second["duplicates"] == len(data.v1_ids) - len(data.excluded)
     verify = second["verify"]

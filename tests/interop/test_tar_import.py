@@ -320,6 +320,7 @@ def test_loader_serves_imported_samples_and_the_corrupt_member_never_reaches_tor
         cache_budget_bytes=64 << 20,
         prefetch_steps=0,
         prefetch_threads=1,
+        on_corrupt="fail",  # the skip policy: tests/loader/test_corrupt.py
     )
     seen, failure = [], None
     with ds:

@@ -296,6 +296,13 @@ def test_dataset_pickles_before_and_after_use(tmp_path: Path) -> None:
     it.close()
 
 
+def test_without_prefetch_every_step_comes(tmp_path: Path) -> None:
+    """prefetch_steps=0 used to stop after the first step (nothing was submitted after it)."""
+    snap = write_snapshot(tmp_path / "store", num_steps=4)
+    with _dataset(snap, tmp_path / "cache", prefetch_steps=0) as ds:
+        assert [b["step"] for b in ds] == [0, 1, 2, 3]
+
+
 # -- verification ------------------------------------------------------------------------
 @pytest.mark.parametrize("pack", [1, 4])
 def test_corrupt_source_bytes_raise(tmp_path: Path, pack: int) -> None:
@@ -303,7 +310,10 @@ def test_corrupt_source_bytes_raise(tmp_path: Path, pack: int) -> None:
     with pytest.MonkeyPatch.context() as mp:
         calls = _record_torch_load(mp)
         ds = _dataset(
-            snap, tmp_path / "cache", source=CorruptingSource(snap.store, artifacts=False)
+            snap,
+            tmp_path / "cache",
+            source=CorruptingSource(snap.store, artifacts=False),
+            on_corrupt="fail",
         )
         with pytest.raises(ChecksumMismatch):
             next(iter(ds))
@@ -383,7 +393,8 @@ def test_shutdown_leaks_nothing(tmp_path: Path) -> None:
     gc.collect()
     assert _prefetch_threads() == threads
     # 3. Decoding fails mid-run.
-    bad = _dataset(snap, tmp_path / "cache2", source=CorruptingSource(snap.store, artifacts=False))
+    corrupting = CorruptingSource(snap.store, artifacts=False)
+    bad = _dataset(snap, tmp_path / "cache2", source=corrupting, on_corrupt="fail")
     with pytest.raises(ChecksumMismatch):
         list(bad)
     assert _prefetch_threads() == threads

@@ -31,6 +31,7 @@ def test_a_corrupt_member_names_its_clip_and_object(tmp_path: Path, pack: int) -
         cache_budget_bytes=64 * MB,
         cache_reserve_bytes=0,
         prefetch_steps=0,
+        on_corrupt="fail",
     )
     with pytest.raises(ChecksumMismatch) as exc:
         next(iter(ds))
