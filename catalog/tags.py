@@ -31,7 +31,8 @@ from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.table import Table
 from pyiceberg.table.refs import SnapshotRef, SnapshotRefType
 
-from catalog.errors import Conflict, InvalidInput
+from catalog.backends import BACKEND_ERRORS
+from catalog.errors import Conflict, InvalidInput, StorageError
 from catalog.tables import TABLE_NAMES
 
 __all__ = [
@@ -130,6 +131,7 @@ def tag_versions(
     Raises:
         InvalidInput: A version names a table the catalog does not have.
         Conflict: A table kept moving under every retry.
+        StorageError: The backend failed (tables committed before it keep their tags).
     """
     now = _now_ms() if now_ms is None else now_ms
     report = TagReport()
@@ -207,6 +209,8 @@ def _commit(load: Loader, table: str, plan: Callable[[Table], _Plan], report: Ta
                 manage.commit()
             except CommitFailedException:
                 continue
+            except BACKEND_ERRORS as exc:
+                raise StorageError(f"committing the tags of {table} failed: {exc}") from exc
         for name, kind in notes.items():
             getattr(report, kind).setdefault(table, []).append(name)
         if sets or drops:
