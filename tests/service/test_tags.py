@@ -56,3 +56,29 @@ def test_the_cli_lists_and_backfills_in_process(world: World) -> None:
     listed = _vidlake(world.home, "tags", "list")
     assert listed.returncode == 0, listed.stderr
     assert "clips" in listed.stdout and "v1@" in listed.stdout and "v2@" in listed.stdout
+
+
+def test_the_http_client_answers_as_the_local_one(tmp_path: Path) -> None:
+    from catalog.errors import Forbidden
+    from service.client import HttpClient
+    from service.client_local import LocalClient
+    from tests.service.support import serve
+
+    world = build_world(tmp_path / "w", snapshots=1)
+    tokens = write_tokens(tmp_path / "tokens.json")
+    app = create_app(world.settings(tokens_file=tokens), catalog=world.catalog)
+    with serve(app) as url:
+        admin, reader = HttpClient(url, "tok-admin"), HttpClient(url, "tok-read")
+        with pytest.raises(Forbidden):
+            reader.backfill_tags()
+        made = admin.backfill_tags()
+        assert made["versions"] == 1 and made["created"]["clips"] == ["vidlake-v1"]
+        listed = reader.tags()
+        admin.close()
+        reader.close()
+    local = LocalClient(world.settings())
+    try:
+        assert local.tags() == listed
+        assert local.backfill_tags()["created"] == {}
+    finally:
+        local.close()
