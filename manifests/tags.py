@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from catalog.errors import VidlakeError
 from catalog.pins import split_pin_keys
+from catalog.table_names import TABLE_NAMES
 from catalog.tags import TagReport, VersionTags
 
 if TYPE_CHECKING:
@@ -83,7 +84,10 @@ def tag_published(catalog: VidlakeCatalog, registry: Registry, version: int) -> 
 def _tables(record: SnapshotRecord) -> dict[str, int | None]:
     """The Iceberg part of a version's pin (embedding versions have no tags)."""
     tables, _ = split_pin_keys(record.snapshot.get("catalog_snapshot_ids") or {})
-    return tables
+    unknown = sorted(set(tables) - set(TABLE_NAMES))
+    if unknown:  # a table this catalog no longer has: nothing there to tag
+        log.warning("version %d pins tables %s the catalog lacks", record.version, unknown)
+    return {t: sid for t, sid in tables.items() if t in TABLE_NAMES}
 
 
 def _released_ms(registry: Registry, record: SnapshotRecord) -> int:

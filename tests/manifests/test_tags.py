@@ -117,3 +117,17 @@ def test_a_tagging_failure_never_fails_the_publish(
     monkeypatch.undo()
     sync_version_tags(world.catalog, world.registry)  # the crash window, repaired
     assert f"vidlake-v{record.version}" in _refs(world, "clips")
+
+
+def test_a_version_pinning_a_table_the_catalog_lacks_still_gets_the_others(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.service.support import write_fake_cut
+
+    world = build_world(tmp_path / "w", snapshots=0)
+    paths, snapshot = write_fake_cut(world, tmp_path / "cut", seed=0)
+    snapshot["catalog_snapshot_ids"]["retired_table"] = 1
+    record = world.registry.publish(paths, snapshot, parent=world.registry.next_parent())
+    report = sync_version_tags(world.catalog, world.registry)
+    assert report.created["clips"] == [f"vidlake-v{record.version}"]
+    assert "retired_table" in caplog.text
