@@ -21,6 +21,7 @@ Embedding (LanceDB) versions of a pin are not Iceberg tables and get no tag.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
@@ -136,6 +137,7 @@ def tag_versions(
     now = _now_ms() if now_ms is None else now_ms
     report = TagReport()
     for want in wanted:
+        version_tag(want.version)  # InvalidInput before any commit
         unknown = set(want.snapshot_ids) - set(TABLE_NAMES)
         if unknown:
             raise InvalidInput(f"version {want.version} pins unknown tables {sorted(unknown)}")
@@ -146,7 +148,7 @@ def tag_versions(
             if (sid := w.snapshot_ids.get(table)) is not None
         }
         if targets:
-            _commit(load, table, lambda tbl, t=targets: _plan_tags(tbl, t, now), report)  # type: ignore[misc]
+            _commit(load, table, functools.partial(_plan_tags, targets=targets, now=now), report)
     return report
 
 
@@ -173,9 +175,11 @@ def _plan_tags(tbl: Table, targets: Mapping[str, tuple[int, int | None]], now: i
         if snap is None:
             notes[name] = "missing"
             continue
-        age = None if keep_until is None else keep_until - snap.timestamp_ms
-        if age is not None and (age <= 0 or keep_until <= now):  # type: ignore[operator]
-            continue  # already past its retention: never (re)created
+        age = None
+        if keep_until is not None:
+            if keep_until <= now or keep_until <= snap.timestamp_ms:
+                continue  # already past its retention: never (re)created
+            age = keep_until - snap.timestamp_ms
         ref = meta.refs.get(name)
         if ref is not None and ref.snapshot_id == sid and ref.max_ref_age_ms == age:
             continue

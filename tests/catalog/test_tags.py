@@ -94,6 +94,9 @@ def test_unknown_tables_are_refused_and_nothing_is_tagged(cat: VidlakeCatalog) -
     with pytest.raises(InvalidInput, match="unknown tables"):
         cat.tag_versions([VersionTags(1, pin, None), VersionTags(2, {"nope": 1}, None)])
     assert cat.version_tags("assets") == {}
+    with pytest.raises(InvalidInput, match="non-negative"):
+        cat.tag_versions([VersionTags(1, pin, None), VersionTags(-2, pin, None)])
+    assert cat.version_tags("assets") == {}
 
 
 def test_a_commit_between_load_and_tag_keeps_both(
