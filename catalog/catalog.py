@@ -74,7 +74,7 @@ import pyarrow.dataset as ds
 from pyiceberg.catalog import Catalog
 from pyiceberg.table import Table
 
-from catalog import reads
+from catalog import reads, tags
 from catalog.backends import connect, freeze_namespace, load_table
 from catalog.commit import Ingester, Rows
 from catalog.config import CatalogConfig, IngestResult
@@ -85,6 +85,7 @@ from catalog.objects import ObjectStore, open_store
 from catalog.pins import Pin
 from catalog.reads import RowFilter
 from catalog.tables import TABLE_NAMES, TABLES, ensure_table
+from catalog.tags import TagReport, VersionTags
 
 if TYPE_CHECKING:
     from catalog.embeddings import EmbeddingIndex
@@ -210,6 +211,24 @@ class VidlakeCatalog:
         """``table``'s rows at snapshot ``sid``, eval included, as a pyarrow dataset
         over its data files (:func:`catalog.reads.snapshot_dataset`)."""
         return reads.snapshot_dataset(self, table, sid)
+
+    # -- version tags (catalog.tags) ------------------------------------------------
+    def tag_versions(self, wanted: list[VersionTags], *, now_ms: int | None = None) -> TagReport:
+        """Tag each version's snapshots ``vidlake-v{N}`` (:func:`catalog.tags.tag_versions`)."""
+        return tags.tag_versions(self._load, wanted, now_ms=now_ms)
+
+    def drop_aged_tags(self, *, now_ms: int | None = None) -> TagReport:
+        """Remove the version tags past their retention (:func:`catalog.tags.drop_aged_tags`)."""
+        return tags.drop_aged_tags(self._load, now_ms=now_ms)
+
+    def tagged_snapshot_ids(self, table: str, *, now_ms: int | None = None) -> set[int]:
+        """Snapshot ids of ``table`` a branch or an unexpired tag holds: what a snapshot
+        expiry must keep (:func:`catalog.tags.tagged_snapshot_ids`)."""
+        return tags.tagged_snapshot_ids(self.iceberg_table(table), now_ms=now_ms)
+
+    def version_tags(self, table: str) -> dict[int, int]:
+        """``table``'s ``vidlake-v{N}`` tags: version -> tagged snapshot id."""
+        return {v: r.snapshot_id for v, r in tags.version_tags(self.iceberg_table(table)).items()}
 
     # -- ingest -----------------------------------------------------------------------
     def add_assets(self, rows: Rows, *, idempotency_key: str | None = None) -> IngestResult:

@@ -17,7 +17,8 @@ only in ``version`` and ``parent``; it records the full pin (``catalog_snapshot_
 embedding versions under ``embeddings/<model>``), ``decontamination`` (model,
 version, eval clips, those with vectors, coverage, train clips checked) and the cut's
 inputs key as ``inputs_sha256`` (:mod:`manifests.inputs`), by which the service answers
-a repeated cut with the version it already made.
+a repeated cut with the version it already made. After publishing, the snapshots the
+pin names are tagged ``vidlake-v{N}`` in each table (:mod:`manifests.tags`).
 
 ``lineage.arrow`` answers "which steps served this row" in O(1): one record per
 manifest row (``row``, ``steps: large_list<int64>``), built by one stable argsort over the
@@ -44,6 +45,7 @@ from catalog.errors import InvalidInput, InvalidRecipe
 from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, LINEAGE_NAME, LINEAGE_SCHEMA
 from manifests.inputs import INPUTS_KEY, cut_inputs_sha256
 from manifests.ipc import iter_batches, write_table
+from manifests.tags import tag_published
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
 from materializer.recipe import Recipe
 from materializer.select import Selection, check_pools, phase_mask, select
@@ -107,6 +109,7 @@ def cut_snapshot(
         report("publish", 0.0)
         record = registry.publish(artifacts, snapshot, parent=registry.next_parent())
         report("publish", 1.0)
+    tag_published(catalog, registry, record.version)
     return record
 
 

@@ -40,6 +40,7 @@ from service.routers import (
     objects,
     snapshots,
     sql,
+    tags,
 )
 from service.routers.health import API_VERSION
 from service.row_schemas import row_schemas
@@ -151,7 +152,18 @@ def create_app(
     app.state.services = services
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     install_error_handlers(app)
-    for module in (ingest, snapshots, erasures, jobs, sql, lineage, objects, health, dashboard):
+    for module in (
+        ingest,
+        snapshots,
+        erasures,
+        jobs,
+        sql,
+        lineage,
+        objects,
+        tags,
+        health,
+        dashboard,
+    ):
         app.include_router(module.router)
     static = resources.files("service").joinpath("static")
     app.mount("/static", StaticFiles(directory=str(static)), name="static")

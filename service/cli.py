@@ -12,7 +12,7 @@ prints machine-readable output for scripts. Errors print one line and exit non-z
 The commands live by group: :mod:`service.cli_catalog` (ingest, takedowns, erasures),
 :mod:`service.cli_snapshots` (cut, validate, versions, patches, pins),
 :mod:`service.cli_query` (SQL, lineage, steps, jobs), :mod:`service.cli_cache`,
-:mod:`service.cli_storage` and :mod:`service.cli_interop`.
+:mod:`service.cli_storage`, :mod:`service.cli_tags` and :mod:`service.cli_interop`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from service.cli_cache import cache_app
 from service.cli_common import JsonOpt, emit, err
 from service.cli_interop import export_app, import_app
 from service.cli_storage import storage_app
+from service.cli_tags import tags_app
 from service.settings import Settings, get_settings
 
 __all__ = ["app", "exit_code", "main"]
@@ -41,6 +42,7 @@ app = typer.Typer(
 )
 app.add_typer(cache_app, name="cache")
 app.add_typer(storage_app, name="storage")
+app.add_typer(tags_app, name="tags")
 app.add_typer(import_app, name="import")
 app.add_typer(export_app, name="export")
 

@@ -120,6 +120,14 @@ class Client(Protocol):
         """Unpin a version (``PinPublic``)."""
         ...
 
+    def tags(self) -> dict[str, Any]:
+        """Every table's version tags (``TagsPublic``)."""
+        ...
+
+    def backfill_tags(self) -> dict[str, Any]:
+        """Tag every registered version's snapshots (``TagsBackfillPublic``)."""
+        ...
+
     def sql(
         self, query: str, *, snapshot: int | None = None, limit: int | None = None
     ) -> dict[str, Any]:
@@ -384,6 +392,14 @@ class HttpClient:
 
     def unpin(self, version: int) -> dict[str, Any]:
         result: dict[str, Any] = self._call("DELETE", f"/v1/snapshots/{version}/pin")
+        return result
+
+    def tags(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", "/v1/tags")
+        return result
+
+    def backfill_tags(self) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("POST", "/v1/tags/backfill")
         return result
 
     def sql(

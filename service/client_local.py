@@ -139,6 +139,16 @@ class LocalClient:
 
         return _json(unpin_snapshot(self.services, self._caller(), version, reason=None))
 
+    def tags(self) -> dict[str, Any]:
+        from service.tags import list_tags
+
+        return _json(list_tags(self.services))
+
+    def backfill_tags(self) -> dict[str, Any]:
+        from service.tags import backfill_tags
+
+        return _json(backfill_tags(self.services))
+
     def sql(
         self, query: str, *, snapshot: int | None = None, limit: int | None = None
     ) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from catalog.errors import InvalidInput, InvalidRecipe, InvalidSQL, NotFound
 from manifests.inputs import snapshot_inputs_sha256
 from manifests.registry import SnapshotRecord
+from manifests.tags import tag_published
 from service.cuts import submit_cut
 from service.deps import Cutter, Reader, Services, Svc
 from service.errors import PayloadTooLarge
@@ -314,6 +315,7 @@ def patch_snapshot(
         reason=body.reason,
         by=body.by if services.auth.open and body.by else principal.name,
     )
+    tag_published(services.catalog, services.registry, record.version)
     return snapshot_public(record)
 
 
@@ -321,7 +323,7 @@ def patch_snapshot(
     "/snapshots/{version}/pin",
     response_model=PinPublic,
     responses=_errors(404, 422),
-    summary="Pin a version (its objects survive garbage collection)",
+    summary="Pin a version (its objects survive GC, its Iceberg tags never expire)",
 )
 def pin_snapshot(
     body: PinCreate, services: Svc, principal: Cutter, version: VersionPath
@@ -329,6 +331,7 @@ def pin_snapshot(
     registry = services.registry
     already = any(p.version == version for p in registry.pins())
     pin = registry.pin(version, body.reason, by=principal.name)
+    tag_published(services.catalog, registry, version)  # its tags now never expire
     return PinPublic(
         version=version, pinned=True, changed=not already, reason=pin.reason, by=pin.by, at=pin.at
     )
@@ -347,4 +350,6 @@ def unpin_snapshot(
     reason: str | None = Query(None, max_length=2000),
 ) -> PinPublic:
     changed = services.registry.unpin(version, by=principal.name, reason=reason)
+    if changed:  # its tags now age from this unpin
+        tag_published(services.catalog, services.registry, version)
     return PinPublic(version=version, pinned=False, changed=changed, by=principal.name)
