@@ -1,5 +1,6 @@
 """Byte streaming with Range support: ``GET|HEAD /v1/objects/{sha256}`` (latents and
-any other stored object) and the helper the artifact endpoint shares.
+any other stored object) and the helper the artifact endpoint shares; uploads with
+``PUT /v1/objects/{sha256}`` (write scope, :mod:`service.object_upload`).
 
 An object only eval rows reference is a 404 to a caller without the ``eval`` scope
 (:mod:`service.eval_objects`), for ``GET``, ``HEAD`` and ranges alike.
@@ -17,19 +18,27 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from fastapi import APIRouter, Header, Path
-from fastapi.responses import Response, StreamingResponse
+from fastapi import APIRouter, Header, Path, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from catalog.errors import NotFound
 from catalog.objects import ObjectStore
 from catalog.objects.refs import RefStore
 from service.auth import Principal
-from service.deps import Reader, Services, Svc
+from service.deps import Reader, Services, Svc, Writer
 from service.errors import RangeNotSatisfiable
 from service.metrics import Metrics
+from service.object_upload import ObjectPutPublic, receive_object
 from service.schemas import ErrorResponse
 
-__all__ = ["BYTES_RESPONSES", "HEAD_RESPONSES", "parse_range", "router", "stream_bytes"]
+__all__ = [
+    "BYTES_RESPONSES",
+    "HEAD_RESPONSES",
+    "PUT_RESPONSES",
+    "parse_range",
+    "router",
+    "stream_bytes",
+]
 
 router = APIRouter(prefix="/v1", tags=["objects"])
 
@@ -202,3 +211,41 @@ def head_object(
     range_header: str | None = _RANGE_HEADER,
 ) -> Response:
     return _object(services, principal, sha256, range_header, head=True)
+
+
+PUT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": ObjectPutPublic, "description": "The object was already stored"},
+    201: {"model": ObjectPutPublic, "description": "The object was stored"},
+    **{code: {"model": ErrorResponse} for code in (401, 403, 413, 422)},
+}
+_PUT_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "The object's bytes; their SHA-256 must be the path's",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+@router.put(
+    "/objects/{sha256}",
+    status_code=201,
+    response_model=ObjectPutPublic,
+    responses=PUT_RESPONSES,
+    openapi_extra=_PUT_BODY,
+    summary="Upload an object's bytes (write scope): 201 stored, 200 already present, "
+    "422 when they do not hash to the path's SHA-256 (nothing stored)",
+)
+async def put_object(
+    request: Request, services: Svc, principal: Writer, sha256: str = _SHA
+) -> JSONResponse:
+    declared = request.headers.get("content-length")
+    outcome = await receive_object(
+        services,
+        principal,
+        sha256,
+        request.stream(),
+        int(declared) if declared is not None and declared.isdigit() else None,
+    )
+    status = 201 if outcome.created else 200
+    return JSONResponse(outcome.model_dump(mode="json"), status_code=status)
