@@ -26,19 +26,13 @@ from pathlib import Path
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel, ConfigDict, Field
 
-from catalog.errors import InvalidInput
 from catalog.objects.refs import RefStore
 from service.auth import Principal
+from service.client_errors import HashMismatch
 from service.deps import Services
 from service.errors import PayloadTooLarge
 
 __all__ = ["HashMismatch", "ObjectPutPublic", "receive_object"]
-
-
-class HashMismatch(InvalidInput):
-    """The uploaded bytes hash to another SHA-256 than the one they were sent under."""
-
-    code = "hash_mismatch"
 
 
 class ObjectPutPublic(BaseModel):
