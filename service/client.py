@@ -268,9 +268,10 @@ class HttpClient:
         progress: bool = False,
     ) -> dict[str, Any]:
         """Ingest ``rows`` (a pyarrow Table, a pandas DataFrame or a list of dicts) into
-        ``table`` as Arrow IPC, ``chunk_rows`` rows (default 50,000) a request; chunk
-        ``i`` of several carries the key ``<idempotency_key>.<i>``, so that a retry
-        with the same key finishes an interrupted ingest without duplicates."""
+        ``table`` as Arrow IPC, ``chunk_rows`` rows a request (None: one request, one
+        commit); chunk ``i`` of several carries the key ``<idempotency_key>.<i>``, so
+        that a retry with the same key finishes an interrupted ingest without
+        duplicates."""
         check_table(table)
         path = f"/v1/{table.replace('_', '-')}"
 

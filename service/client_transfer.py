@@ -3,14 +3,16 @@ batches cut into chunks, their idempotency keys, object uploads that skip what i
 stored, recipe documents, progress bars.
 
 A batch (a ``pyarrow.Table``, a pandas ``DataFrame`` or a list of row dicts) becomes
-an Arrow table (:func:`as_batch`), sent as chunks of ``chunk_rows`` rows. Chunk ``i``
+an Arrow table (:func:`as_batch`), sent whole (one commit, all or nothing: the CLI's
+``ingest``) or as chunks of ``chunk_rows`` rows (the public client's default is
+:data:`DEFAULT_CHUNK_ROWS`). Chunk ``i``
 of ``n`` carries the key ``<key>.<i>`` (the key itself when ``n == 1``), so that a
 retry of an interrupted ingest with the same key and chunking replays the chunks that
 were committed and commits the rest: nothing twice, nothing missing. A list of dicts
 that Arrow cannot type (a column of mixed types) is sent as JSON, whose row checks
 name the bad row; the catalog coerces either to the table's types.
 
-Progress is drawn with rich when it is installed, else as lines on stderr. Nothing
+Progress is drawn on stderr, with rich when it is installed, else as plain lines. Nothing
 here imports a server dependency (the client runs on training nodes).
 """
 
@@ -42,7 +44,8 @@ __all__ = [
     "upload_file",
 ]
 
-#: Rows per ingest request (well under the server's default body and cell limits).
+#: Rows per ingest request of the public client (well under the server's default body
+#: and cell limits).
 DEFAULT_CHUNK_ROWS = 50_000
 _COUNTS = ("received", "inserted", "duplicates", "eval", "rejected", "near_duplicates")
 
@@ -126,17 +129,18 @@ def ingest_chunks(
     chunk_rows: int | None,
     progress: bool,
 ) -> dict[str, Any]:
-    """Ingest ``rows`` into ``table`` through ``send``, ``chunk_rows`` rows a request.
+    """Ingest ``rows`` into ``table`` through ``send``, ``chunk_rows`` rows a request
+    (None: the whole batch in one request, one commit).
 
     Raises:
         InvalidInput: ``chunk_rows`` is below 1, or ``rows`` is not a batch.
         VidlakeError: a chunk failed (the chunks before it are committed; retry with
             the same key and ``chunk_rows`` to finish).
     """
-    size = DEFAULT_CHUNK_ROWS if chunk_rows is None else chunk_rows
-    if size < 1:
-        raise InvalidInput(f"chunk_rows must be at least 1, not {size}", field="chunk_rows")
+    if chunk_rows is not None and chunk_rows < 1:
+        raise InvalidInput(f"chunk_rows must be at least 1, not {chunk_rows}", field="chunk_rows")
     batch = as_batch(rows)
+    size = chunk_rows or max(1, len(batch))
     count = max(1, -(-len(batch) // size))
     results: list[dict[str, Any]] = []
     with bar(f"ingest {table}", len(batch), "rows", enabled=progress) as shown:
@@ -202,6 +206,7 @@ class Bar:
 
     def _start_rich(self) -> None:
         try:
+            from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
         except ImportError:
             return
@@ -210,6 +215,7 @@ class Bar:
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn(self.unit + " {task.fields[rate]}"),
+            console=Console(stderr=True),
             transient=False,
         )
         self._rich.start()

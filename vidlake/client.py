@@ -3,8 +3,9 @@
 The CLI prints the ``SqlResult`` JSON document :meth:`HttpClient.sql` returns; a
 Python user wants rows to compute on, so here :meth:`Client.sql` returns a
 ``pyarrow.Table`` (the server's Arrow stream) and :meth:`Client.sql_result` the JSON
-document (with its pin and truncation flag). Everything else is the HTTP client's
-(docs/decisions/001-pyclient-public-client.md).
+document (with its pin and truncation flag). Its ingest sends 50,000 rows a request
+by default (the CLI's sends a file whole, one commit). Everything else is the HTTP
+client's (docs/decisions/016-pyclient-public-client.md).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from service.client import HttpClient
+from service.client_transfer import DEFAULT_CHUNK_ROWS
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -28,6 +30,29 @@ class Client(HttpClient):
     (:meth:`sql`) and lineage (:meth:`lineage`). Use it as a context manager, or call
     :meth:`close`.
     """
+
+    def ingest(
+        self,
+        table: str,
+        rows: Any,
+        *,
+        idempotency_key: str | None = None,
+        chunk_rows: int | None = DEFAULT_CHUNK_ROWS,
+        progress: bool = False,
+    ) -> dict[str, Any]:
+        """Ingest ``rows`` (a pyarrow Table, a pandas DataFrame or a list of dicts) into
+        ``table``, 50,000 rows a request by default (``chunk_rows=None``: one request,
+        all or nothing). Chunk ``i`` of several carries the key
+        ``<idempotency_key>.<i>``: rerun an interrupted ingest with the same key and
+        ``chunk_rows`` and the committed chunks are replayed, the rest committed.
+        ``progress=True`` draws rows and MB/s on stderr."""
+        return super().ingest(
+            table,
+            rows,
+            idempotency_key=idempotency_key,
+            chunk_rows=chunk_rows,
+            progress=progress,
+        )
 
     def sql(  # type: ignore[override]  # a table here; the CLI's HttpClient keeps JSON
         self, query: str, *, snapshot: int | None = None, limit: int | None = None

@@ -2,6 +2,8 @@
 any other stored object) and the helper the artifact endpoint shares; uploads with
 ``PUT /v1/objects/{sha256}`` (write scope, :mod:`service.object_upload`).
 
+``HEAD`` takes the ``read`` or the ``write`` scope: an uploader (write only) asks
+whether an object is stored before sending it, which ``PUT`` would tell it anyway.
 An object only eval rows reference is a 404 to a caller without the ``eval`` scope
 (:mod:`service.eval_objects`), for ``GET``, ``HEAD`` and ranges alike.
 
@@ -16,16 +18,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Request
+from fastapi import APIRouter, Depends, Header, Path, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from catalog.errors import NotFound
 from catalog.objects import ObjectStore
 from catalog.objects.refs import RefStore
 from service.auth import Principal
-from service.deps import Reader, Services, Svc, Writer
+from service.deps import Reader, Services, Svc, Writer, require
 from service.errors import RangeNotSatisfiable
 from service.metrics import Metrics
 from service.object_upload import ObjectPutPublic, receive_object
@@ -178,6 +180,8 @@ def _object(
     )
 
 
+#: HEAD: a reader, or an uploader asking before it sends.
+ReaderOrWriter = Annotated[Principal, Depends(require("read", "write"))]
 _SHA = Path(pattern=SHA256_PATTERN, description="SHA-256 of the object")
 _RANGE_HEADER = Header(None, alias="Range")
 
@@ -202,11 +206,11 @@ def get_object(
     "/objects/{sha256}",
     response_class=Response,
     responses=HEAD_RESPONSES,
-    summary="A stored object's size and SHA-256 headers, no body",
+    summary="A stored object's size and SHA-256 headers, no body (read or write scope)",
 )
 def head_object(
     services: Svc,
-    principal: Reader,
+    principal: ReaderOrWriter,
     sha256: str = _SHA,
     range_header: str | None = _RANGE_HEADER,
 ) -> Response:

@@ -132,3 +132,17 @@ def test_a_live_server_streams_a_large_upload(world: World, tmp_path: Path) -> N
         r = httpx.put(f"{url}/v1/objects/{sha}", content=chunks(), headers=WRITE, timeout=30)
         assert r.status_code == 201, r.text
     assert world.catalog.objects.get(sha) == data
+
+
+def test_an_uploader_may_ask_before_it_sends(world: World) -> None:
+    """A write-only token (a curation fleet's) was refused HEAD, so an upload could not
+    skip an object stored already."""
+    data = b"asked first"
+    sha = _sha(data)
+    hidden = world.latent_object[world.eval_clips[0]]
+    with _client(world) as c:
+        assert c.head(f"/v1/objects/{sha}", headers=WRITE).status_code == 404
+        assert c.put(f"/v1/objects/{sha}", content=data, headers=WRITE).status_code == 201
+        assert c.head(f"/v1/objects/{sha}", headers=WRITE).status_code == 200
+        assert c.head(f"/v1/objects/{hidden}", headers=WRITE).status_code == 404
+        assert c.get(f"/v1/objects/{sha}", headers=WRITE).status_code == 403  # GET: read only
