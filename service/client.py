@@ -325,7 +325,7 @@ class HttpClient:
             done = wait_for_job(self.job, job["id"], progress or None)
         else:
             with bar("cut", 100, "%", enabled=True) as shown:
-                done = wait_for_job(self.job, job["id"], lambda s, f: shown.stage(s, f * 100))
+                done = wait_for_job(self.job, job["id"], shown.stage)
         return self.snapshot(done["version"])
 
     def snapshots(self, *, limit: int = 100, offset: int = 0) -> dict[str, Any]:

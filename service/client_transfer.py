@@ -214,7 +214,7 @@ class Bar:
             TextColumn("{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn(self.unit + " {task.fields[rate]}"),
+            TextColumn(f"{self.unit} {{task.fields[rate]}}"),
             console=Console(stderr=True),
             transient=False,
         )
@@ -222,6 +222,9 @@ class Bar:
         self._task = self._rich.add_task(self.label, total=self.total or None, rate="")
 
     def rate(self) -> str:
+        """MB/s so far ("" when nothing was sent: a job's stages)."""
+        if not self.nbytes:
+            return ""
         elapsed = max(time.monotonic() - self.started, 1e-9)
         return f"{self.nbytes / elapsed / 1e6:.1f} MB/s"
 
@@ -235,7 +238,7 @@ class Bar:
             self._rich.update(self._task, completed=self.done, rate=self.rate())
         elif time.monotonic() - self._last_line > 1.0 or self.done >= self.total:
             self._last_line = time.monotonic()
-            line = f"{self.label}: {self.done}/{self.total} {self.unit}, {self.rate()}"
+            line = f"{self.label}: {self.done}/{self.total} {self.unit} {self.rate()}".rstrip()
             print(line, file=sys.stderr)
 
     def stage(self, name: str, fraction: float) -> None:
