@@ -5,13 +5,18 @@ nothing stored, 413 past ``max_object_bytes`` (and only that limit)."""
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from catalog import CatalogConfig, VidlakeCatalog
+from catalog.objects.s3 import S3ObjectStore
 from service.app import create_app
+from service.settings import Settings
+from tests.fixtures.s3 import S3RequestCounter
 from tests.service.support import (
     TOKENS,
     TestClient,
@@ -146,3 +151,26 @@ def test_an_uploader_may_ask_before_it_sends(world: World) -> None:
         assert c.head(f"/v1/objects/{sha}", headers=WRITE).status_code == 200
         assert c.head(f"/v1/objects/{hidden}", headers=WRITE).status_code == 404
         assert c.get(f"/v1/objects/{sha}", headers=WRITE).status_code == 403  # GET: read only
+
+
+@pytest.mark.s3
+def test_a_large_upload_takes_the_s3_multipart_path(
+    tmp_path: Path, s3_server: str, s3_bucket: str, s3_request_counter: S3RequestCounter
+) -> None:
+    store = S3ObjectStore(
+        s3_bucket, "up", endpoint_url=s3_server, multipart_threshold=1 << 20, part_size=5 << 20
+    )
+    catalog = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path / "lake"), objects=store)
+    data = os.urandom(6 << 20)
+    sha = _sha(data)
+    app = create_app(Settings(home=tmp_path / "lake"), catalog=catalog)
+    with TestClient(app) as c:
+        r = c.put(f"/v1/objects/{sha}", content=data)
+        assert r.status_code == 201, r.text
+        assert c.put(f"/v1/objects/{sha}", content=data).status_code == 200
+        bad = c.put(f"/v1/objects/{_sha(b'other')}", content=data)
+        assert_error(bad, 422, "hash_mismatch")
+    assert s3_request_counter.count("CreateMultipartUpload") == 1
+    assert s3_request_counter.count("UploadPart") == 2
+    assert store.get(sha) == data and not store.exists(_sha(b"other"))
+    assert sorted(p.name for p in (tmp_path / "lake" / "service" / "uploads").iterdir()) == []
