@@ -9,6 +9,9 @@ hashed and counted, never held in memory. Then:
   multipart path above its threshold), and the answer says whether this call
   created the object (201) or found it present (200).
 
+A temp file a crashed upload left is removed by a later upload once it has not been
+written for :data:`STALE_S` (a live upload writes its file with every chunk).
+
 An object already present is answered 200 before the body is read (content
 addressing makes its bytes known), except an eval-only object the caller may not
 see: its body is received and verified like a new one and answered 201, so that a
@@ -17,9 +20,11 @@ see: its body is received and verified like a new one and answered 201, so that 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -32,7 +37,11 @@ from service.client_errors import HashMismatch
 from service.deps import Services
 from service.errors import PayloadTooLarge
 
-__all__ = ["HashMismatch", "ObjectPutPublic", "receive_object"]
+__all__ = ["STALE_S", "HashMismatch", "ObjectPutPublic", "receive_object"]
+
+#: Seconds after which an upload's temp file no one writes is a crash's leftover.
+STALE_S = 3600.0
+_PREFIX = ".upload-"
 
 
 class ObjectPutPublic(BaseModel):
@@ -57,12 +66,21 @@ def _visible(services: Services, principal: Principal, sha256: str) -> bool:
     return principal.sees_eval or not services.eval_objects.hidden(sha256, services.pin())
 
 
+def _remove_stale(directory: Path) -> None:
+    cutoff = time.time() - STALE_S
+    for path in directory.glob(_PREFIX + "*"):
+        with contextlib.suppress(FileNotFoundError):
+            if path.stat().st_mtime < cutoff:
+                path.unlink()
+
+
 async def _spool(
     chunks: AsyncIterator[bytes], directory: Path, limit: int
 ) -> tuple[Path, str, int]:
     """The body in a temp file: its path, SHA-256 and size (removed on any failure)."""
     directory.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=directory, prefix=".upload-")
+    _remove_stale(directory)
+    fd, name = tempfile.mkstemp(dir=directory, prefix=_PREFIX)
     path = Path(name)
     digest = hashlib.sha256()
     size = 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from catalog import CatalogConfig, VidlakeCatalog
 from catalog.objects.s3 import S3ObjectStore
 from service.app import create_app
+from service.object_upload import STALE_S
 from service.settings import Settings
 from tests.fixtures.s3 import S3RequestCounter
 from tests.service.support import (
@@ -174,3 +176,18 @@ def test_a_large_upload_takes_the_s3_multipart_path(
     assert s3_request_counter.count("UploadPart") == 2
     assert store.get(sha) == data and not store.exists(_sha(b"other"))
     assert sorted(p.name for p in (tmp_path / "lake" / "service" / "uploads").iterdir()) == []
+
+
+def test_a_crashed_uploads_temp_file_is_removed_later(world: World) -> None:
+    uploads = world.home / "service" / "uploads"
+    uploads.mkdir(parents=True, exist_ok=True)
+    stale, live = uploads / ".upload-crashed", uploads / ".upload-in-flight"
+    for path in (stale, live):
+        path.write_bytes(b"partial")
+    old = time.time() - STALE_S - 60
+    os.utime(stale, (old, old))
+    data = b"after a crash"
+    with _client(world) as c:
+        assert c.put(f"/v1/objects/{_sha(data)}", content=data, headers=WRITE).status_code == 201
+    assert _leftovers(world) == [live]
+    live.unlink()
