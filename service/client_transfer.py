@@ -207,14 +207,22 @@ class Bar:
     def _start_rich(self) -> None:
         try:
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+            )
         except ImportError:
             return
+        count = DownloadColumn() if self.unit == "bytes" else MofNCompleteColumn()
+        unit = "" if self.unit == "bytes" else f"{self.unit} "
         self._rich = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn(f"{self.unit} {{task.fields[rate]}}"),
+            count,
+            TextColumn(unit + "{task.fields[rate]}"),
             console=Console(stderr=True),
             transient=False,
         )

@@ -235,3 +235,21 @@ def test_the_client_guide_runs_as_written(tmp_path: Path) -> None:
         )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "version 1 steps 2 samples in step 0" in run.stdout, run.stdout
+
+
+def test_progress_without_rich_is_plain_lines(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.client_transfer import ingest_chunks
+
+    monkeypatch.setitem(sys.modules, "rich.progress", None)  # as if rich were absent
+    sent: list[str | None] = []
+
+    def send(chunk: object, key: str | None) -> dict[str, object]:
+        sent.append(key)
+        return {"table": "scores", "received": 2, "inserted": 2, "replayed": False}
+
+    rows = [{"a": i} for i in range(4)]
+    done = ingest_chunks(send, "scores", rows, idempotency_key="k", chunk_rows=2, progress=True)
+    assert sent == ["k.0", "k.1"] and done["inserted"] == 4 and done["replayed"] is False
+    assert "ingest scores: 4/4 rows" in capsys.readouterr().err
