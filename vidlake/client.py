@@ -10,10 +10,13 @@ client's (docs/decisions/016-pyclient-public-client.md).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.client import HttpClient
-from service.client_transfer import DEFAULT_CHUNK_ROWS
+from service.client_transfer import DEFAULT_CHUNK_ROWS, Bar, bar
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -28,7 +31,7 @@ class Client(HttpClient):
     (:meth:`validate`, :meth:`cut`), versions (:meth:`snapshots`, :meth:`snapshot`,
     :meth:`diff`, :meth:`patch`, :meth:`pin`, :meth:`unpin`, :meth:`step`), SQL
     (:meth:`sql`) and lineage (:meth:`lineage`). Use it as a context manager, or call
-    :meth:`close`.
+    :meth:`close`. :meth:`put_objects` uploads many files in parallel.
     """
 
     def ingest(
@@ -53,6 +56,39 @@ class Client(HttpClient):
             chunk_rows=chunk_rows,
             progress=progress,
         )
+
+    def put_objects(
+        self, paths: Iterable[str | Path], *, workers: int = 8, progress: bool = False
+    ) -> dict[str, str]:
+        """Upload many files, ``workers`` at a time (each as :meth:`put_object`: hashed,
+        skipped when stored, verified); ``{path: sha256}`` in the order given.
+
+        Raises:
+            InvalidInput: ``workers`` is below 1.
+            VidlakeError: the first upload that failed (the others finish first; a
+                rerun skips every file already stored).
+        """
+        from catalog.errors import InvalidInput
+
+        if workers < 1:
+            raise InvalidInput(f"workers must be at least 1, not {workers}", field="workers")
+        files = [str(p) for p in paths]
+        with (
+            bar("upload", len(files), "files", enabled=progress) as shown,
+            ThreadPoolExecutor(max_workers=workers) as pool,
+        ):
+            futures = [pool.submit(self._put_counted, path, shown) for path in files]
+        # Every upload has ended (the pool waited for them): raise the first failure.
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                raise error
+        return {path: future.result() for path, future in zip(files, futures, strict=True)}
+
+    def _put_counted(self, path: str, shown: Bar) -> str:
+        sha = self.put_object(path)
+        shown.advance(1, 0)
+        return sha
 
     def sql(  # type: ignore[override]  # a table here; the CLI's HttpClient keeps JSON
         self, query: str, *, snapshot: int | None = None, limit: int | None = None

@@ -23,7 +23,7 @@ from service.app import create_app
 from service.client import HttpClient, Unreachable
 from service.settings import Settings
 from tests.service.support import World, build_world, serve, world_recipe
-from vidlake import Client, HashMismatch, InvalidBatch
+from vidlake import Client, HashMismatch, InvalidBatch, InvalidInput, NotFound
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -253,3 +253,21 @@ def test_progress_without_rich_is_plain_lines(
     done = ingest_chunks(send, "scores", rows, idempotency_key="k", chunk_rows=2, progress=True)
     assert sent == ["k.0", "k.1"] and done["inserted"] == 4 and done["replayed"] is False
     assert "ingest scores: 4/4 rows" in capsys.readouterr().err
+
+
+def test_put_objects_uploads_in_parallel_and_reports_the_first_failure(
+    live: tuple[str, World], tmp_path: Path
+) -> None:
+    url, world = live
+    paths = [tmp_path / f"many-{i}.bin" for i in range(12)]
+    for i, path in enumerate(paths):
+        path.write_bytes(f"object {i} ".encode() * 5000)
+    with Client(url) as lake:
+        done = lake.put_objects(paths, workers=4, progress=True)
+        assert list(done) == [str(p) for p in paths]
+        assert done == {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
+        assert all(world.catalog.objects.exists(sha) for sha in done.values())
+        with pytest.raises(NotFound):
+            lake.put_objects([paths[0], tmp_path / "missing.bin"], workers=2)
+        with pytest.raises(InvalidInput, match="workers"):
+            lake.put_objects(paths, workers=0)
