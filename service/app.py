@@ -57,6 +57,10 @@ lineage. Every error has the shape `{"error": {"code", "message", "details"}}`.
 """
 
 
+def _object_upload(scope: Scope) -> bool:
+    return scope.get("method") == "PUT" and str(scope.get("path", "")).startswith("/v1/objects/")
+
+
 class BodyLimitMiddleware:
     """413 for request bodies over ``limit`` bytes, declared or streamed.
 
@@ -64,6 +68,9 @@ class BodyLimitMiddleware:
     A streamed body that grows past it makes ``receive`` raise
     :class:`~service.errors.PayloadTooLarge`; whatever response the app then starts
     (FastAPI turns body-read failures into a 400) is replaced by the 413.
+
+    Object uploads (``PUT /v1/objects/…``) are exempt: they stream to disk under
+    their own ``max_object_bytes`` (:mod:`service.object_upload`).
     """
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
@@ -80,7 +87,7 @@ class BodyLimitMiddleware:
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or _object_upload(scope):
             await self.app(scope, receive, send)
             return
         declared = dict(scope.get("headers") or []).get(b"content-length")

@@ -11,8 +11,9 @@ prints machine-readable output for scripts. Errors print one line and exit non-z
 
 The commands live by group: :mod:`service.cli_catalog` (ingest, takedowns, erasures),
 :mod:`service.cli_snapshots` (cut, validate, versions, patches, pins),
-:mod:`service.cli_query` (SQL, lineage, steps, jobs), :mod:`service.cli_cache`,
-:mod:`service.cli_storage`, :mod:`service.cli_tags` and :mod:`service.cli_interop`.
+:mod:`service.cli_query` (SQL, lineage, steps, jobs), :mod:`service.cli_objects`
+(object uploads), :mod:`service.cli_cache`, :mod:`service.cli_storage`,
+:mod:`service.cli_tags` and :mod:`service.cli_interop`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Annotated
 import typer
 
 from catalog.errors import VidlakeError
-from service import cli_catalog, cli_query, cli_snapshots
+from service import cli_catalog, cli_objects, cli_query, cli_snapshots
 from service.cli_cache import cache_app
 from service.cli_common import JsonOpt, emit, err
 from service.cli_interop import export_app, import_app
@@ -87,7 +88,12 @@ def serve(
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
 
 
-for _command in (*cli_catalog.COMMANDS, *cli_snapshots.COMMANDS, *cli_query.COMMANDS):
+for _command in (
+    *cli_catalog.COMMANDS,
+    *cli_objects.COMMANDS,
+    *cli_snapshots.COMMANDS,
+    *cli_query.COMMANDS,
+):
     app.command()(_command)
 
 

@@ -8,29 +8,48 @@ with the REST API's JSON documents (``dict``/``list``), and both raise the
 HTTP, rebuilt from the error body by :func:`error_from_body`), so a caller never
 needs to know which one it holds.
 
-This module imports httpx and pyarrow only when used, and never FastAPI, DuckDB or
-pyiceberg, so that a training node can use the HTTP client alone.
+Batches go in chunks of rows with per-chunk idempotency keys, objects are uploaded
+once (:mod:`service.client_transfer`). This module imports httpx and pyarrow only
+when used, and never FastAPI, DuckDB or pyiceberg, so that a training node can use
+the HTTP client alone (``from vidlake import Client`` is this class, SQL as a table).
 """
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from catalog import errors as _errors
 from catalog.errors import VidlakeError
 from catalog.table_names import INGEST_ORDER
+from service.client_errors import (
+    HashMismatch,
+    Progress,
+    RemoteError,
+    Unreachable,
+    error_from_body,
+    wait_for_job,
+)
+from service.client_transfer import (
+    Bar,
+    bar,
+    file_chunks,
+    ingest_chunks,
+    recipe_document,
+    upload_file,
+)
 
 if TYPE_CHECKING:
     import httpx
+    import pyarrow as pa
 
     from materializer.recipe import Recipe
 
 __all__ = [
     "INGEST_TABLES",
     "Client",
+    "HashMismatch",
     "HttpClient",
     "Progress",
     "RemoteError",
@@ -40,37 +59,25 @@ __all__ = [
     "wait_for_job",
 ]
 
-#: ``progress(stage, fraction)`` of a job being waited for.
-Progress = Callable[[str, float], None]
-
 #: The catalog tables a batch may be ingested into, in the order a producer fills them.
 INGEST_TABLES = INGEST_ORDER
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
-_POLL_S = 0.25
-
-
-class Unreachable(VidlakeError):
-    """The server cannot be reached (refused, unresolvable, timed out)."""
-
-    code = "unreachable"
-    http_status = 503
-
-
-class RemoteError(VidlakeError):
-    """The server, or a job it ran, failed with an error this client does not know by
-    its code (``code`` and ``http_status`` are then the server's)."""
-
-    code = "remote_error"
-    http_status = 500
 
 
 class Client(Protocol):
     """The operations of the vidlake service, as the REST API answers them."""
 
     def ingest(
-        self, table: str, rows: Any, *, idempotency_key: str | None = None
+        self,
+        table: str,
+        rows: Any,
+        *,
+        idempotency_key: str | None = None,
+        chunk_rows: int | None = None,
+        progress: bool = False,
     ) -> dict[str, Any]:
-        """Ingest one batch into ``table`` (``IngestPublic``)."""
+        """Ingest a batch into ``table``, ``chunk_rows`` rows a request (``IngestPublic``;
+        for several chunks their sums and each one's, :func:`~service.client_transfer.combine`)."""
         ...
 
     def validate(self, recipe: Recipe) -> dict[str, Any]:
@@ -182,6 +189,22 @@ class Client(Protocol):
         """Release what the client holds (connections, the embedded catalog)."""
         ...
 
+    def put_object(
+        self, path: str | Path, *, sha256: str | None = None, progress: bool = False
+    ) -> str:
+        """Store the file ``path`` (unless stored already); its SHA-256."""
+        ...
+
+    def has_object(self, sha256: str) -> bool:
+        """Whether object ``sha256`` is stored (and visible to this caller)."""
+        ...
+
+    def sql_table(
+        self, query: str, *, snapshot: int | None = None, limit: int | None = None
+    ) -> pa.Table:
+        """Run one read-only query; its rows as an Arrow table."""
+        ...
+
 
 def check_table(table: str) -> None:
     """Refuse a table a batch cannot be ingested into (before any row is read or sent).
@@ -195,81 +218,14 @@ def check_table(table: str) -> None:
         )
 
 
-# -- errors -----------------------------------------------------------------------------
-def _known_errors() -> dict[str, type[VidlakeError]]:
-    found: dict[str, type[VidlakeError]] = {}
-    pending: list[type[VidlakeError]] = [VidlakeError]
-    while pending:
-        cls = pending.pop()
-        found.setdefault(cls.code, cls)
-        pending.extend(cls.__subclasses__())
-    return found
-
-
-_BY_STATUS: dict[int, type[VidlakeError]] = {
-    400: _errors.InvalidInput,
-    401: _errors.Unauthorized,
-    403: _errors.Forbidden,
-    404: _errors.NotFound,
-    409: _errors.Conflict,
-    502: _errors.StorageError,
-}
-_RESERVED = frozenset({"code", "message", "details", "http_status"})
-
-
-def error_from_body(status: int | None, body: Any, fallback: str) -> VidlakeError:
-    """The error an answer's ``{"error": {"code", "message", "details"}}`` names.
-
-    The class is the one that has ``code`` (else one by ``status``: 4xx a client
-    error, else :class:`RemoteError`); the instance keeps the server's ``code`` and
-    status, so that ``to_dict()`` repeats the server's body.
-
-    Args:
-        status: The HTTP status, or None for a job's recorded error.
-        body: The parsed answer (any shape; a non-conforming one gives ``fallback``).
-        fallback: The message when the body carries none.
-    """
-    error = body.get("error", body) if isinstance(body, Mapping) else {}
-    error = error if isinstance(error, Mapping) else {}
-    code = str(error.get("code") or "")
-    message = str(error.get("message") or fallback)
-    found = error.get("details")
-    details: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-    cls = _known_errors().get(code)
-    if cls is None and status is not None:
-        cls = _BY_STATUS.get(status, _errors.InvalidInput if 400 <= status < 500 else None)
-    exc = (cls or RemoteError)(message, **{k: v for k, v in details.items() if k not in _RESERVED})
-    exc.details = dict(details)
-    if code:
-        exc.code = code
-    if status is not None:
-        exc.http_status = status
-    return exc
-
-
-# -- jobs -------------------------------------------------------------------------------
-def wait_for_job(
-    get: Callable[[str], Mapping[str, Any]], job_id: str, progress: Progress | None = None
-) -> Any:
-    """Poll job ``job_id`` with ``get`` until it ends; its result.
-
-    Raises:
-        VidlakeError: the job failed: the subclass its recorded error names.
-    """
-    report = progress or (lambda stage, fraction: None)
-    while True:
-        state = get(job_id)
-        if state.get("stage"):
-            report(str(state["stage"]), float(state.get("progress") or 0.0))
-        if state["state"] in ("succeeded", "failed"):
-            break
-        time.sleep(_POLL_S)
-    if state["state"] == "failed":
-        raise error_from_body(None, state.get("error") or {}, "job failed")
-    return state["result"]
-
-
 # -- HTTP -------------------------------------------------------------------------------
+def _transient(exc: Exception) -> bool:
+    """Whether a failed request may succeed when sent again."""
+    if isinstance(exc, Unreachable):
+        return True
+    return isinstance(exc, VidlakeError) and exc.http_status >= 500
+
+
 class HttpClient:
     """A :class:`Client` of a running server (httpx, sync).
 
@@ -294,7 +250,8 @@ class HttpClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = http or httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The answer to one request (an error answer raised as its error)."""
         import httpx
 
         try:
@@ -303,45 +260,90 @@ class HttpClient:
             raise Unreachable(
                 f"cannot reach {self.http.base_url}: {exc}", url=str(self.http.base_url)
             ) from exc
-        try:
-            body = response.json() if response.content else None
-        except ValueError:
-            body = None
         if response.status_code >= 400:
+            try:
+                body = response.json() if response.content else None
+            except ValueError:
+                body = None
             raise error_from_body(response.status_code, body, response.text or "HTTP error")
-        return body
+        return response
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._request(method, path, **kwargs)
+        try:
+            return response.json() if response.content else None
+        except ValueError:
+            return None
 
     def ingest(
-        self, table: str, rows: Any, *, idempotency_key: str | None = None
+        self,
+        table: str,
+        rows: Any,
+        *,
+        idempotency_key: str | None = None,
+        chunk_rows: int | None = None,
+        progress: bool = False,
+    ) -> dict[str, Any]:
+        """Ingest ``rows`` (a pyarrow Table, a pandas DataFrame or a list of dicts) into
+        ``table`` as Arrow IPC, ``chunk_rows`` rows a request (None: one request, one
+        commit); chunk ``i`` of several carries the key ``<idempotency_key>.<i>``, so
+        that a retry with the same key finishes an interrupted ingest without
+        duplicates."""
+        check_table(table)
+        path = f"/v1/{table.replace('_', '-')}"
+
+        def send(chunk: pa.Table | list[dict[str, Any]], key: str | None) -> dict[str, Any]:
+            return self._send_batch(path, chunk, key)
+
+        return ingest_chunks(
+            send,
+            table,
+            rows,
+            idempotency_key=idempotency_key,
+            chunk_rows=chunk_rows,
+            progress=progress,
+        )
+
+    def _send_batch(
+        self, path: str, chunk: pa.Table | list[dict[str, Any]], key: str | None
     ) -> dict[str, Any]:
         import pyarrow as pa
 
-        check_table(table)
-        headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else {}
-        path = f"/v1/{table.replace('_', '-')}"
-        if not isinstance(rows, pa.Table):
-            result: dict[str, Any] = self._call("POST", path, json=rows, headers=headers)
+        headers = {"Idempotency-Key": key} if key is not None else {}
+        if not isinstance(chunk, pa.Table):
+            result: dict[str, Any] = self._call("POST", path, json=chunk, headers=headers)
             return result
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, rows.schema) as writer:
-            writer.write_table(rows)
+        with pa.ipc.new_stream(sink, chunk.schema) as writer:
+            writer.write_table(chunk)
         headers["Content-Type"] = ARROW_STREAM
         result = self._call("POST", path, content=sink.getvalue().to_pybytes(), headers=headers)
         return result
 
-    def validate(self, recipe: Recipe) -> dict[str, Any]:
-        body = {"recipe": json.loads(recipe.to_canonical_json())}
+    def validate(self, recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
+        body = {"recipe": recipe_document(recipe)}
         result: dict[str, Any] = self._call("POST", "/v1/recipes:validate", json=body)
         return result
 
     def cut(
-        self, recipe: Recipe, *, new_version: bool = False, progress: Progress | None = None
+        self,
+        recipe: Recipe | Mapping[str, Any] | str | Path,
+        *,
+        new_version: bool = False,
+        progress: Progress | bool | None = None,
     ) -> dict[str, Any]:
-        body = {"recipe": json.loads(recipe.to_canonical_json()), "new_version": new_version}
+        """Cut ``recipe`` and wait for its job (``progress``: a callback, or True for a
+        bar); the published version's snapshot.json."""
+        body = {"recipe": recipe_document(recipe), "new_version": new_version}
         job = self._call("POST", "/v1/snapshots", json=body)
         if "id" not in job:  # 200: a published version already has these inputs
             return self.snapshot(job["version"])
-        return self.snapshot(wait_for_job(self.job, job["id"], progress)["version"])
+        if callable(progress) or not progress:
+            done = wait_for_job(self.job, job["id"], progress or None)
+        else:
+            with bar("cut", 100, "%", enabled=True) as shown:
+                done = wait_for_job(self.job, job["id"], shown.stage)
+        return self.snapshot(done["version"])
 
     def snapshots(self, *, limit: int = 100, offset: int = 0) -> dict[str, Any]:
         params = {"limit": limit, "offset": offset}
@@ -460,6 +462,73 @@ class HttpClient:
 
     def close(self) -> None:
         self.http.close()
+
+    def put_object(
+        self,
+        path: str | Path,
+        *,
+        sha256: str | None = None,
+        progress: bool = False,
+        attempts: int = 3,
+    ) -> str:
+        """Upload the file ``path`` with ``PUT /v1/objects/{sha256}``; its SHA-256.
+
+        The file is hashed, then sent (streamed) only when ``HEAD`` does not find it,
+        and the server verifies the bytes against the hash. An attempt that fails in
+        transit (unreachable, a 5xx) is retried, ``attempts`` in all.
+
+        Raises:
+            NotFound: no file at ``path``.
+            HashMismatch: the file changed while it was sent (nothing was stored).
+            Forbidden: the token lacks the write scope.
+        """
+        return upload_file(
+            path,
+            sha256,
+            present=self.has_object,
+            put=self._put_object,
+            progress=progress,
+            attempts=attempts,
+            retryable=_transient,
+        )
+
+    def _put_object(self, sha256: str, path: Path, shown: Bar) -> dict[str, Any]:
+        size = path.stat().st_size
+        headers = {"Content-Length": str(size), "Content-Type": "application/octet-stream"}
+        body = file_chunks(path, shown)
+        result: dict[str, Any] = self._call(
+            "PUT", f"/v1/objects/{sha256}", content=body, headers=headers
+        )
+        return result
+
+    def has_object(self, sha256: str) -> bool:
+        import httpx
+
+        try:
+            response = self.http.head(f"/v1/objects/{sha256}")
+        except httpx.TransportError as exc:
+            raise Unreachable(
+                f"cannot reach {self.http.base_url}: {exc}", url=str(self.http.base_url)
+            ) from exc
+        if response.status_code == 404:
+            return False
+        if response.status_code >= 400:
+            raise error_from_body(response.status_code, None, f"HEAD object {sha256}")
+        return True
+
+    def sql_table(
+        self, query: str, *, snapshot: int | None = None, limit: int | None = None
+    ) -> pa.Table:
+        import pyarrow as pa
+
+        body: dict[str, Any] = {"query": query}
+        if snapshot is not None:
+            body["snapshot"] = snapshot
+        if limit is not None:
+            body["limit"] = limit
+        response = self._request("POST", "/v1/sql", json=body, headers={"Accept": ARROW_STREAM})
+        table: pa.Table = pa.ipc.open_stream(response.content).read_all()
+        return table
 
     def __enter__(self) -> HttpClient:
         return self

@@ -14,17 +14,22 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from catalog.errors import InvalidInput
+from catalog.errors import ChecksumMismatch, InvalidInput
 from service.auth import SCOPES, Principal
-from service.client import Progress, check_table, wait_for_job
+from service.client import HashMismatch, Progress, check_table, wait_for_job
+from service.client_transfer import Bar, bar, ingest_chunks, recipe_document, upload_file
 from service.deps import Services
 from service.settings import Settings
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from materializer.recipe import Recipe
 
 __all__ = ["LocalClient"]
@@ -64,30 +69,59 @@ class LocalClient:
         return Principal(by or "local", frozenset(SCOPES))
 
     def ingest(
-        self, table: str, rows: Any, *, idempotency_key: str | None = None
+        self,
+        table: str,
+        rows: Any,
+        *,
+        idempotency_key: str | None = None,
+        chunk_rows: int | None = None,
+        progress: bool = False,
     ) -> dict[str, Any]:
         from service.routers.ingest import ingest_batch
 
         check_table(table)
-        return _json(ingest_batch(self.services, table, rows, idempotency_key))
 
-    def validate(self, recipe: Recipe) -> dict[str, Any]:
+        def send(chunk: pa.Table | list[dict[str, Any]], key: str | None) -> dict[str, Any]:
+            return _json(ingest_batch(self.services, table, chunk, key))
+
+        return ingest_chunks(
+            send,
+            table,
+            rows,
+            idempotency_key=idempotency_key,
+            chunk_rows=chunk_rows,
+            progress=progress,
+        )
+
+    def validate(self, recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
         from service.routers.snapshots import validate_recipe
         from service.schemas import SnapshotCreate
 
-        body = _body(SnapshotCreate, recipe=json.loads(recipe.to_canonical_json()))
+        body = _body(SnapshotCreate, recipe=recipe_document(recipe))
         return _json(validate_recipe(body, self.services, self._caller()))
 
     def cut(
-        self, recipe: Recipe, *, new_version: bool = False, progress: Progress | None = None
+        self,
+        recipe: Recipe | Mapping[str, Any] | str | Path,
+        *,
+        new_version: bool = False,
+        progress: Progress | bool | None = None,
     ) -> dict[str, Any]:
+        from materializer.recipe import Recipe as RecipeModel
+        from materializer.recipe import load_recipe
         from service.cuts import submit_cut
 
-        outcome = submit_cut(self.services, recipe, new_version=new_version, owner="local")
+        model = recipe if isinstance(recipe, RecipeModel) else load_recipe(recipe)
+        outcome = submit_cut(self.services, model, new_version=new_version, owner="local")
         if outcome.record is not None:
             return self.snapshot(outcome.record.version)
         assert outcome.job is not None
-        return self.snapshot(wait_for_job(self.job, outcome.job.id, progress)["version"])
+        if callable(progress) or not progress:
+            done = wait_for_job(self.job, outcome.job.id, progress or None)
+        else:
+            with bar("cut", 100, "%", enabled=True) as shown:
+                done = wait_for_job(self.job, outcome.job.id, shown.stage)
+        return self.snapshot(done["version"])
 
     def snapshots(self, *, limit: int = 100, offset: int = 0) -> dict[str, Any]:
         from service.routers.snapshots import list_snapshots
@@ -228,6 +262,56 @@ class LocalClient:
     def close(self) -> None:
         if self._owns:
             self.services.close()
+
+    def put_object(
+        self,
+        path: str | Path,
+        *,
+        sha256: str | None = None,
+        progress: bool = False,
+        attempts: int = 1,
+    ) -> str:
+        return upload_file(
+            path,
+            sha256,
+            present=self.has_object,
+            put=self._put_object,
+            progress=progress,
+            attempts=attempts,
+            retryable=lambda exc: False,
+        )
+
+    def _put_object(self, sha256: str, path: Path, shown: Bar) -> None:
+        try:
+            put = self.services.catalog.objects.put_file(path, sha256)
+        except ChecksumMismatch as exc:
+            actual = exc.details.get("actual")
+            raise HashMismatch(
+                f"the file's SHA-256 is {actual}, not {sha256}; nothing was stored",
+                expected=sha256,
+                actual=actual,
+                size=exc.details.get("size"),
+            ) from None
+        shown.advance(put.info.size, put.info.size)
+
+    def has_object(self, sha256: str) -> bool:
+        from catalog.objects.refs import RefStore
+
+        # The operator holds every scope: eval-only objects are visible.
+        return RefStore(self.services.catalog.objects).head(sha256) is not None
+
+    def sql_table(
+        self, query: str, *, snapshot: int | None = None, limit: int | None = None
+    ) -> pa.Table:
+        import pyarrow as pa
+
+        from service.routers.sql import answer
+        from service.schemas import SqlRequest
+
+        body = _body(SqlRequest, query=query, snapshot=snapshot, limit=limit)
+        response = answer(self.services, body, True, True, threading.Event())
+        table: pa.Table = pa.ipc.open_stream(bytes(response.body)).read_all()
+        return table
 
     def __enter__(self) -> LocalClient:
         return self

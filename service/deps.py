@@ -242,8 +242,9 @@ def get_services(request: Request) -> Services:
 _bearer = HTTPBearer(auto_error=False, description="A token from the tokens file")
 
 
-def require(scope: str) -> Callable[..., Principal]:
-    """A dependency: the authenticated caller, who must hold ``scope``."""
+def require(scope: str, *alternatives: str) -> Callable[..., Principal]:
+    """A dependency: the authenticated caller, who must hold ``scope`` (or one of
+    ``alternatives``)."""
 
     def dependency(
         request: Request,
@@ -251,11 +252,12 @@ def require(scope: str) -> Callable[..., Principal]:
     ) -> Principal:
         services = get_services(request)
         principal = services.auth.authenticate(request.headers.get("authorization"))
-        principal.require(scope)
+        if not any(principal.has(other) for other in alternatives):
+            principal.require(scope)
         request.state.principal = principal
         return principal
 
-    dependency.__name__ = f"require_{scope}"
+    dependency.__name__ = "require_" + "_or_".join((scope, *alternatives))
     return dependency
 
 

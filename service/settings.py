@@ -63,6 +63,11 @@ class Settings(BaseSettings):
         512 * 1024 * 1024, ge=1, description="Decoded bytes of an Arrow ingest body"
     )
     max_batch_cells: int = Field(50_000_000, ge=1, description="Rows x columns of one ingest batch")
+    max_object_bytes: int = Field(
+        64 * 1024**3,
+        ge=1,
+        description="One object uploaded with PUT /v1/objects/{sha256} (not max_body_bytes)",
+    )
     sql_row_limit: int = 10_000
     sql_timeout_s: float = 10.0
     sql_memory_limit: str = "1GB"

@@ -1,8 +1,11 @@
 """Byte streaming with Range support: ``GET|HEAD /v1/objects/{sha256}`` (latents and
-any other stored object) and the helper the artifact endpoint shares; ``GET|POST
+any other stored object) and the helper the artifact endpoint shares; uploads with
+``PUT /v1/objects/{sha256}`` (write scope, :mod:`service.object_upload`); ``GET|POST
 /v1/corrupt-members``, the record of latent members loaders found corrupt
 (:mod:`service.corrupt_members`).
 
+``HEAD`` takes the ``read`` or the ``write`` scope: an uploader (write only) asks
+whether an object is stored before sending it, which ``PUT`` would tell it anyway.
 An object only eval rows reference is a 404 to a caller without the ``eval`` scope
 (:mod:`service.eval_objects`), for ``GET``, ``HEAD`` and ranges alike.
 
@@ -17,22 +20,30 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path
-from fastapi.responses import Response, StreamingResponse
+from fastapi import APIRouter, Depends, Header, Path, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from catalog.errors import NotFound
 from catalog.objects import ObjectStore
 from catalog.objects.refs import RefStore
 from service.auth import Principal
 from service.corrupt_members import CorruptMemberReport, list_members, report_member
-from service.deps import Reader, Services, Svc
+from service.deps import Reader, Services, Svc, Writer, require
 from service.errors import RangeNotSatisfiable
 from service.metrics import Metrics
+from service.object_upload import ObjectPutPublic, receive_object
 from service.schemas import ErrorResponse
 
-__all__ = ["BYTES_RESPONSES", "HEAD_RESPONSES", "parse_range", "router", "stream_bytes"]
+__all__ = [
+    "BYTES_RESPONSES",
+    "HEAD_RESPONSES",
+    "PUT_RESPONSES",
+    "parse_range",
+    "router",
+    "stream_bytes",
+]
 
 router = APIRouter(prefix="/v1", tags=["objects"])
 
@@ -172,6 +183,8 @@ def _object(
     )
 
 
+#: HEAD: a reader, or an uploader asking before it sends.
+ReaderOrWriter = Annotated[Principal, Depends(require("read", "write"))]
 _SHA = Path(pattern=SHA256_PATTERN, description="SHA-256 of the object")
 _RANGE_HEADER = Header(None, alias="Range")
 
@@ -196,11 +209,11 @@ def get_object(
     "/objects/{sha256}",
     response_class=Response,
     responses=HEAD_RESPONSES,
-    summary="A stored object's size and SHA-256 headers, no body",
+    summary="A stored object's size and SHA-256 headers, no body (read or write scope)",
 )
 def head_object(
     services: Svc,
-    principal: Reader,
+    principal: ReaderOrWriter,
     sha256: str = _SHA,
     range_header: str | None = _RANGE_HEADER,
 ) -> Response:
@@ -227,3 +240,41 @@ def post_corrupt_member(
     services: Svc, principal: Reader, report: CorruptMemberReport
 ) -> dict[str, Any]:
     return report_member(services, principal, report)
+
+
+PUT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": ObjectPutPublic, "description": "The object was already stored"},
+    201: {"model": ObjectPutPublic, "description": "The object was stored"},
+    **{code: {"model": ErrorResponse} for code in (401, 403, 413, 422)},
+}
+_PUT_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "The object's bytes; their SHA-256 must be the path's",
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+    }
+}
+
+
+@router.put(
+    "/objects/{sha256}",
+    status_code=201,
+    response_model=ObjectPutPublic,
+    responses=PUT_RESPONSES,
+    openapi_extra=_PUT_BODY,
+    summary="Upload an object's bytes (write scope): 201 stored, 200 already present, "
+    "422 when they do not hash to the path's SHA-256 (nothing stored)",
+)
+async def put_object(
+    request: Request, services: Svc, principal: Writer, sha256: str = _SHA
+) -> JSONResponse:
+    declared = request.headers.get("content-length")
+    outcome = await receive_object(
+        services,
+        principal,
+        sha256,
+        request.stream(),
+        int(declared) if declared is not None and declared.isdigit() else None,
+    )
+    status = 201 if outcome.created else 200
+    return JSONResponse(outcome.model_dump(mode="json"), status_code=status)

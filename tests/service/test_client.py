@@ -4,6 +4,8 @@ answers, and the same error classes and codes."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,6 +18,7 @@ from catalog.errors import (
     Conflict,
     InvalidBatch,
     InvalidInput,
+    InvalidRecipe,
     InvalidSQL,
     NotFound,
     StorageError,
@@ -25,6 +28,7 @@ from service.app import create_app
 from service.client import (
     INGEST_TABLES,
     Client,
+    HashMismatch,
     HttpClient,
     RemoteError,
     Unreachable,
@@ -152,6 +156,95 @@ def test_erase_needs_a_hard_tombstone(pair: tuple[Client, World]) -> None:
         client.erasure("not-an-erasure-id")
     with pytest.raises(NotFound):
         client.erasure("er_" + "0" * 24)
+
+
+def _scores(world: World, versions: list[str]) -> list[dict[str, object]]:
+    clip = world.train_clips[1]
+    return [
+        {"clip_id": clip, "filter_name": "chunked", "filter_version": v, "score": 0.5}
+        for v in versions
+    ]
+
+
+def test_a_chunked_ingest_resumes_with_the_same_key(pair: tuple[Client, World]) -> None:
+    client, world = pair
+    tag = type(client).__name__
+    rows = _scores(world, [f"{tag}-{i}" for i in range(5)])
+    broken = [*rows[:4], {**rows[4], "score": "high"}]
+    with pytest.raises(InvalidBatch):  # the third chunk fails: two are committed
+        client.ingest("scores", broken, idempotency_key=f"resume-{tag}", chunk_rows=2)
+    done = client.ingest("scores", rows, idempotency_key=f"resume-{tag}", chunk_rows=2)
+    assert (done["received"], done["inserted"], done["duplicates"]) == (5, 5, 0)
+    keys = [c["idempotency_key"] for c in done["chunks"]]
+    assert keys == [f"resume-{tag}.0", f"resume-{tag}.1", f"resume-{tag}.2"]
+    assert [c["replayed"] for c in done["chunks"]] == [True, True, False]
+    again = client.ingest("scores", rows, idempotency_key=f"resume-{tag}", chunk_rows=2)
+    assert again["replayed"] is True and again["inserted"] == 5
+    found = client.sql_table(
+        f"SELECT count(*) AS n FROM scores WHERE filter_version LIKE '{tag}-%'"
+    )
+    assert found.column("n").to_pylist() == [5]
+    with pytest.raises(InvalidInput, match="chunk_rows"):
+        client.ingest("scores", rows, chunk_rows=0)
+    with pytest.raises(InvalidInput, match="cannot ingest a int"):
+        client.ingest("scores", 5)
+
+
+def test_a_pandas_frame_is_a_batch(pair: tuple[Client, World]) -> None:
+    pd = pytest.importorskip("pandas")
+    client, world = pair
+    frame = pd.DataFrame(_scores(world, [f"{type(client).__name__}-pd-{i}" for i in range(3)]))
+    assert client.ingest("scores", frame, chunk_rows=2)["inserted"] == 3
+
+
+def test_put_object_uploads_once_and_verifies(pair: tuple[Client, World], tmp_path: Path) -> None:
+    client, world = pair
+    path = tmp_path / "latent.bin"
+    path.write_bytes(os.urandom(3 << 20))  # several 1 MiB reads
+    expected = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert not client.has_object(expected)
+    assert client.put_object(path, progress=True) == expected
+    assert client.has_object(expected)
+    assert world.catalog.objects.get(expected) == path.read_bytes()
+    assert client.put_object(path) == expected  # present: skipped
+    other = tmp_path / "other.bin"
+    other.write_bytes(b"not the bytes of that hash")
+    claimed = hashlib.sha256(b"something else").hexdigest()
+    with pytest.raises(HashMismatch) as wrong:
+        client.put_object(other, sha256=claimed)
+    assert wrong.value.code == "hash_mismatch" and wrong.value.http_status == 422
+    assert not client.has_object(claimed)
+    assert not client.has_object(hashlib.sha256(other.read_bytes()).hexdigest())
+    with pytest.raises(NotFound):
+        client.put_object(tmp_path / "missing.bin")
+
+
+def test_recipes_as_text_files_and_mappings(pair: tuple[Client, World], tmp_path: Path) -> None:
+    client, _ = pair
+    import yaml
+
+    document = world_recipe("client-forms", seed=7)
+    path = tmp_path / "forms.yaml"
+    path.write_text(yaml.safe_dump(document))
+    sha = load_recipe(path).sha256()
+    for form in (document, path, str(path), yaml.safe_dump(document)):
+        assert client.validate(form)["sha256"] == sha, form
+    with pytest.raises(InvalidRecipe, match="cannot read recipe"):
+        client.validate(tmp_path / "missing.yaml")
+    snap = client.cut(str(path), progress=True)
+    assert snap["recipe_sha256"] == sha
+
+
+def test_sql_as_an_arrow_table(pair: tuple[Client, World]) -> None:
+    client, _ = pair
+    table = client.sql_table("SELECT count(*) AS n FROM clips", limit=5)
+    assert isinstance(table, pa.Table) and table.column_names == ["n"]
+    assert (
+        table.column("n").to_pylist()[0]
+        == client.sql("SELECT count(*) AS n FROM clips")["rows"][0][0]
+    )
+    with pytest.raises(InvalidSQL):
+        client.sql_table("COPY clips TO '/tmp/x.csv'")
 
 
 # -- the HTTP side alone ------------------------------------------------------------------
