@@ -56,9 +56,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "build_artifacts",
+    "checked_pin",
     "code_version",
     "cut_snapshot",
+    "embedding_facts",
+    "nothing_selected",
+    "plan_samples",
     "resolve_pin",
+    "snapshot_doc",
 ]
 
 Progress = Callable[[str, float], None]
@@ -162,26 +167,13 @@ def build_artifacts(
     """
     report = progress or (lambda stage, fraction: None)
     report("pin", 0.0)
-    pin = _checked_pin(catalog, recipe, pin)
+    pin = checked_pin(catalog, recipe, pin)
     report("pin", 1.0)
     selection = select(catalog, recipe, pin, progress=report)
     if selection.samples.num_rows == 0:
-        raise InvalidInput(
-            "the recipe selects no samples at this catalog state",
-            drops=selection.drops,
-            candidates=selection.candidates,
-        )
+        raise nothing_selected(recipe, selection)
     check_pools(recipe, selection.samples)
-
-    report("scatter", 0.0)
-    samples = _scatter(selection.samples, recipe.seed)
-    report("scatter", 1.0)
-
-    report("plan", 0.0)
-    phases = _phase_specs(recipe, samples)
-    plan_path = out / "plan.arrow"
-    summary = _write_plan(plan_path, recipe, phases)
-    report("plan", 1.0)
+    samples, summary, plan_path = plan_samples(recipe, selection.samples, out, progress=report)
 
     report("index", 0.0)
     index_path = out / "index.arrow"
@@ -198,8 +190,8 @@ def build_artifacts(
     write_table(lineage_path, _lineage_table(plan_path, samples.num_rows))
     report("lineage", 1.0)
 
-    snapshot = _snapshot_doc(recipe, pin, selection, samples, summary)
-    snapshot.update(_embedding_facts(recipe, pin, selection))
+    snapshot = snapshot_doc(recipe, pin, selection, samples, summary)
+    snapshot.update(embedding_facts(recipe, pin, selection))
     _record_repeats(snapshot, summary)
     artifacts = {
         "manifest.parquet": manifest_path,
@@ -210,8 +202,40 @@ def build_artifacts(
     return artifacts, snapshot
 
 
+def plan_samples(
+    recipe: Recipe, selected: pa.Table, out: Path, *, progress: Progress | None = None
+) -> tuple[pa.Table, PlanSummary, Path]:
+    """The ``scatter`` and ``plan`` stages: the samples in manifest order (with ``row``),
+    the plan's summary, and ``out/plan.arrow``."""
+    report = progress or (lambda stage, fraction: None)
+    report("scatter", 0.0)
+    samples = _scatter(selected, recipe.seed)
+    report("scatter", 1.0)
+    report("plan", 0.0)
+    plan_path = out / "plan.arrow"
+    summary = _write_plan(plan_path, recipe, _phase_specs(recipe, samples))
+    report("plan", 1.0)
+    return samples, summary, plan_path
+
+
+def nothing_selected(recipe: Recipe, selection: Selection) -> InvalidInput:
+    """The error of a cut that selects nothing: the candidates and every drop reason
+    in the message, the breakdown (:func:`materializer.dry_run.selection_counts`) in
+    ``details``."""
+    from materializer.dry_run import describe_drops, selection_counts
+
+    counts = selection_counts(recipe, selection)
+    return InvalidInput(
+        "the recipe selects no samples at this catalog state: "
+        + describe_drops(selection.candidates, selection.drops),
+        drops=selection.drops,
+        candidates=selection.candidates,
+        breakdown=counts,
+    )
+
+
 # -- stages ---------------------------------------------------------------------------
-def _checked_pin(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin | None) -> Pin:
+def checked_pin(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin | None) -> Pin:
     """The pin (Iceberg snapshots and embedding versions; the recipe's own when ``pin``
     is None), after checking every value the recipe names against the catalog there
     (streams are checked in selection)."""
@@ -220,7 +244,7 @@ def _checked_pin(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin | None) -> Pi
     return check_recipe(catalog, recipe, pin, streams=False).pin
 
 
-def _embedding_facts(recipe: Recipe, pin: Pin, selection: Selection) -> dict[str, Any]:
+def embedding_facts(recipe: Recipe, pin: Pin, selection: Selection) -> dict[str, Any]:
     """snapshot.json's ``decontamination`` (None without it) and ``embedding_versions``."""
     excl = recipe.exclusions.eval_near_duplicates
     found = selection.decontamination
@@ -392,7 +416,7 @@ def _lineage_table(plan_path: Path, num_rows: int) -> pa.Table:
     return table
 
 
-def _snapshot_doc(
+def snapshot_doc(
     recipe: Recipe,
     pin: Pin,
     selection: Selection,

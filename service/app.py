@@ -38,6 +38,8 @@ from service.routers import (
     jobs,
     lineage,
     objects,
+    plans,
+    schemas,
     snapshots,
     sql,
 )
@@ -151,7 +153,19 @@ def create_app(
     app.state.services = services
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     install_error_handlers(app)
-    for module in (ingest, snapshots, erasures, jobs, sql, lineage, objects, health, dashboard):
+    for module in (
+        ingest,
+        snapshots,
+        plans,
+        schemas,
+        erasures,
+        jobs,
+        sql,
+        lineage,
+        objects,
+        health,
+        dashboard,
+    ):
         app.include_router(module.router)
     static = resources.files("service").joinpath("static")
     app.mount("/static", StaticFiles(directory=str(static)), name="static")

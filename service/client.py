@@ -18,6 +18,7 @@ import json
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import quote
 
 from catalog import errors as _errors
 from catalog.errors import VidlakeError
@@ -163,6 +164,15 @@ class Client(Protocol):
 
     def close(self) -> None:
         """Release what the client holds (connections, the embedded catalog)."""
+        ...
+
+    def schema(self, table: str | None = None) -> dict[str, Any]:
+        """One table's columns (``TablePublic``), or every table (``TablesPublic``)."""
+        ...
+
+    def plan(self, recipe: Recipe) -> dict[str, Any]:
+        """A dry run of a cut (``PlanPublic``): what it would select and plan; publishes
+        nothing."""
         ...
 
 
@@ -433,3 +443,13 @@ class HttpClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def schema(self, table: str | None = None) -> dict[str, Any]:
+        path = "/v1/schemas" if table is None else f"/v1/schemas/{quote(table, safe='')}"
+        result: dict[str, Any] = self._call("GET", path)
+        return result
+
+    def plan(self, recipe: Recipe) -> dict[str, Any]:
+        body = {"recipe": json.loads(recipe.to_canonical_json())}
+        result: dict[str, Any] = self._call("POST", "/v1/recipes:plan", json=body)
+        return result
