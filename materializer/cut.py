@@ -62,6 +62,7 @@ __all__ = [
     "embedding_facts",
     "nothing_selected",
     "plan_samples",
+    "record_repeats",
     "resolve_pin",
     "snapshot_doc",
 ]
@@ -192,7 +193,7 @@ def build_artifacts(
 
     snapshot = snapshot_doc(recipe, pin, selection, samples, summary)
     snapshot.update(embedding_facts(recipe, pin, selection))
-    _record_repeats(snapshot, summary)
+    record_repeats(snapshot, summary)
     artifacts = {
         "manifest.parquet": manifest_path,
         "plan.arrow": plan_path,
@@ -333,7 +334,7 @@ def _write_plan(path: Path, recipe: Recipe, phases: list[PhaseSpec]) -> PlanSumm
         ) from exc
 
 
-def _record_repeats(snapshot: dict[str, Any], summary: PlanSummary) -> None:
+def record_repeats(snapshot: dict[str, Any], summary: PlanSummary) -> None:
     """Samples that repeat a row already in their step (only where a phase allows it)."""
     snapshot["repeats_in_step"] = summary.repeats_in_step
     for doc, detail in zip(snapshot["phases"], summary.phases, strict=True):

@@ -40,6 +40,7 @@ from materializer.cut import (
     checked_pin,
     embedding_facts,
     plan_samples,
+    record_repeats,
     snapshot_doc,
 )
 from materializer.recipe import Recipe
@@ -63,6 +64,7 @@ _FROM_SNAPSHOT = (
     "plan_rows",
     "tokens",
     "decontamination",
+    "repeats_in_step",
 )
 
 
@@ -136,6 +138,7 @@ def _plan(
         return _problem(exc)
     doc = snapshot_doc(recipe, pin, selection, samples, summary)
     doc.update(embedding_facts(recipe, pin, selection))
+    record_repeats(doc, summary)
     result.update({k: doc.get(k) for k in _FROM_SNAPSHOT})
     result["coverage"] = _coverage(plan_path, samples, selection.stream_names)
     return None

@@ -63,6 +63,9 @@ class PlanPublic(BaseModel):
         {}, description="Per stream, the share of its selected samples drawn at least once"
     )
     decontamination: dict[str, Any] | None = None
+    repeats_in_step: int | None = Field(
+        None, description="Samples that repeat a row in their step (phases that allow it)"
+    )
 
 
 @router.post(
