@@ -3,6 +3,9 @@ declarations and their described columns."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,3 +104,28 @@ def test_both_clients_answer_the_same(world: World, url: str) -> None:
         with pytest.raises(Exception) as caught:
             remote.schema("nope/../assets")
         assert getattr(caught.value, "http_status", None) == 404
+
+
+def _vidlake(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"VIDLAKE_HOME": str(home), "PATH": "/usr/bin:/bin", "COLUMNS": "200"}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-c", "from service.cli import main; main()", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_cli_schema(world: World) -> None:
+    listed = _vidlake(world.home, "schema")
+    assert listed.returncode == 0, listed.stderr
+    assert all(name in listed.stdout for name in SCHEMA_TABLES)
+    one = _vidlake(world.home, "schema", "clips", "--json")
+    assert json.loads(one.stdout)["columns"][0]["name"] == "clip_id"
+    shown = _vidlake(world.home, "schema", "assets")
+    assert "derived" in shown.stdout and "example row" in shown.stdout
+    missing = _vidlake(world.home, "schema", "clip")
+    assert missing.returncode == 2 and "no table 'clip'" in missing.stderr
