@@ -272,6 +272,14 @@ def validate_query(sql: str, views: set[str] | frozenset[str]) -> set[str]:
             f"exactly one statement is allowed, got {len(statements)}", reason="statements"
         )
     root = statements[0]
+    if isinstance(root, exp.Describe):
+        # Not run: DESCRIBE reaches DuckDB's catalog, which the sandbox walls off.
+        raise InvalidSQL(
+            "DESCRIBE is not allowed; a table's columns, types and meaning are at "
+            "GET /v1/schemas/{table} (vidlake schema TABLE), and any view's columns "
+            "and types are those of SELECT * FROM view LIMIT 0",
+            reason="statement",
+        )
     if not isinstance(root, exp.Select | exp.SetOperation):
         raise InvalidSQL(
             f"only SELECT (or WITH … SELECT) is allowed, got {root.key.upper()}",
