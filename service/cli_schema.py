@@ -28,7 +28,8 @@ def _render_tables(data: dict[str, Any]) -> None:
 def _render_table(t: dict[str, Any]) -> None:
     out.print(f"[bold]{t['name']}[/bold]: {t['description']}")
     out.print(f"ingest: {t['ingest']} (row schema {t['row_schema']})")
-    table = Table("column", "type", "required", "filled", "description", "example")
+    table = Table("column", "type", "required", "filled", "description")
+    table.add_column("example", overflow="fold")  # ids whole, never cut with "…"
     for c in t["columns"]:
         example = "" if c["example"] is None else json.dumps(c["example"])
         table.add_row(
