@@ -273,11 +273,13 @@ def validate_query(sql: str, views: set[str] | frozenset[str]) -> set[str]:
         )
     root = statements[0]
     if isinstance(root, exp.Describe):
-        # Not run: DESCRIBE reaches DuckDB's catalog, which the sandbox walls off.
+        # Never run: DuckDB's DESCRIBE reads its catalog, which the sandbox walls off.
+        # The SQL route answers ``DESCRIBE <view>`` itself (service.sql.describe);
+        # what reaches here is another form.
         raise InvalidSQL(
-            "DESCRIBE is not allowed; a table's columns, types and meaning are at "
-            "GET /v1/schemas/{table} (vidlake schema TABLE), and any view's columns "
-            "and types are those of SELECT * FROM view LIMIT 0",
+            "DESCRIBE takes one offered view, unqualified and unquoted (DESCRIBE clips), "
+            "or a SELECT; a table's columns, types and meaning are also at "
+            "GET /v1/schemas/{table} (vidlake schema TABLE)",
             reason="statement",
         )
     if not isinstance(root, exp.Select | exp.SetOperation):
