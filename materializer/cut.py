@@ -19,6 +19,10 @@ version, eval clips, those with vectors, coverage, train clips checked) and the 
 inputs key as ``inputs_sha256`` (:mod:`manifests.inputs`), by which the service answers
 a repeated cut with the version it already made.
 
+:mod:`materializer.dry_run` runs the same stages up to the plan (:func:`checked_pin`,
+selection, :func:`plan_samples`, :func:`snapshot_doc`) and publishes nothing; a cut
+that selects nothing fails with :func:`nothing_selected`'s breakdown.
+
 ``lineage.arrow`` answers "which steps served this row" in O(1): one record per
 manifest row (``row``, ``steps: large_list<int64>``), built by one stable argsort over the
 flattened plan. It is uncompressed Arrow IPC, so the service memory-maps it.
