@@ -20,6 +20,10 @@ inputs key as ``inputs_sha256`` (:mod:`manifests.inputs`), by which the service 
 a repeated cut with the version it already made. After publishing, the snapshots the
 pin names are tagged ``vidlake-v{N}`` in each table (:mod:`manifests.tags`).
 
+:mod:`materializer.dry_run` runs the same stages up to the plan (:func:`checked_pin`,
+selection, :func:`plan_samples`, :func:`snapshot_doc`) and publishes nothing; a cut
+that selects nothing fails with :func:`nothing_selected`'s breakdown.
+
 ``lineage.arrow`` answers "which steps served this row" in O(1): one record per
 manifest row (``row``, ``steps: large_list<int64>``), built by one stable argsort over the
 flattened plan. It is uncompressed Arrow IPC, so the service memory-maps it.
@@ -58,9 +62,15 @@ if TYPE_CHECKING:
 
 __all__ = [
     "build_artifacts",
+    "checked_pin",
     "code_version",
     "cut_snapshot",
+    "embedding_facts",
+    "nothing_selected",
+    "plan_samples",
+    "record_repeats",
     "resolve_pin",
+    "snapshot_doc",
 ]
 
 Progress = Callable[[str, float], None]
@@ -165,28 +175,13 @@ def build_artifacts(
     """
     report = progress or (lambda stage, fraction: None)
     report("pin", 0.0)
-    pin = _checked_pin(catalog, recipe, pin)
+    pin = checked_pin(catalog, recipe, pin)
     report("pin", 1.0)
     selection = select(catalog, recipe, pin, progress=report)
     if selection.samples.num_rows == 0:
-        dropped = ", ".join(f"{k}={v}" for k, v in selection.drops.items()) or "none"
-        raise InvalidInput(
-            f"the recipe selects no samples at this catalog state ({selection.candidates} "
-            f"candidates; dropped: {dropped})",
-            drops=selection.drops,
-            candidates=selection.candidates,
-        )
+        raise nothing_selected(recipe, selection)
     check_pools(recipe, selection.samples)
-
-    report("scatter", 0.0)
-    samples = _scatter(selection.samples, recipe.seed)
-    report("scatter", 1.0)
-
-    report("plan", 0.0)
-    phases = _phase_specs(recipe, samples)
-    plan_path = out / "plan.arrow"
-    summary = _write_plan(plan_path, recipe, phases)
-    report("plan", 1.0)
+    samples, summary, plan_path = plan_samples(recipe, selection.samples, out, progress=report)
 
     report("index", 0.0)
     index_path = out / "index.arrow"
@@ -203,9 +198,9 @@ def build_artifacts(
     write_table(lineage_path, _lineage_table(plan_path, samples.num_rows))
     report("lineage", 1.0)
 
-    snapshot = _snapshot_doc(recipe, pin, selection, samples, summary)
-    snapshot.update(_embedding_facts(recipe, pin, selection))
-    _record_repeats(snapshot, summary)
+    snapshot = snapshot_doc(recipe, pin, selection, samples, summary)
+    snapshot.update(embedding_facts(recipe, pin, selection))
+    record_repeats(snapshot, summary)
     artifacts = {
         "manifest.parquet": manifest_path,
         "plan.arrow": plan_path,
@@ -215,8 +210,40 @@ def build_artifacts(
     return artifacts, snapshot
 
 
+def plan_samples(
+    recipe: Recipe, selected: pa.Table, out: Path, *, progress: Progress | None = None
+) -> tuple[pa.Table, PlanSummary, Path]:
+    """The ``scatter`` and ``plan`` stages: the samples in manifest order (with ``row``),
+    the plan's summary, and ``out/plan.arrow``."""
+    report = progress or (lambda stage, fraction: None)
+    report("scatter", 0.0)
+    samples = _scatter(selected, recipe.seed)
+    report("scatter", 1.0)
+    report("plan", 0.0)
+    plan_path = out / "plan.arrow"
+    summary = _write_plan(plan_path, recipe, _phase_specs(recipe, samples))
+    report("plan", 1.0)
+    return samples, summary, plan_path
+
+
+def nothing_selected(recipe: Recipe, selection: Selection) -> InvalidInput:
+    """The error of a cut that selects nothing: the candidates and every drop reason
+    in the message, the breakdown (:func:`materializer.dry_run.selection_counts`) in
+    ``details``."""
+    from materializer.dry_run import describe_drops, selection_counts
+
+    counts = selection_counts(recipe, selection)
+    return InvalidInput(
+        "the recipe selects no samples at this catalog state: "
+        + describe_drops(selection.candidates, selection.drops),
+        drops=selection.drops,
+        candidates=selection.candidates,
+        breakdown=counts,
+    )
+
+
 # -- stages ---------------------------------------------------------------------------
-def _checked_pin(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin | None) -> Pin:
+def checked_pin(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin | None) -> Pin:
     """The pin (Iceberg snapshots and embedding versions; the recipe's own when ``pin``
     is None), after checking every value the recipe names against the catalog there
     (streams are checked in selection)."""
@@ -225,7 +252,7 @@ def _checked_pin(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin | None) -> Pi
     return check_recipe(catalog, recipe, pin, streams=False).pin
 
 
-def _embedding_facts(recipe: Recipe, pin: Pin, selection: Selection) -> dict[str, Any]:
+def embedding_facts(recipe: Recipe, pin: Pin, selection: Selection) -> dict[str, Any]:
     """snapshot.json's ``decontamination`` (None without it) and ``embedding_versions``."""
     excl = recipe.exclusions.eval_near_duplicates
     found = selection.decontamination
@@ -314,7 +341,7 @@ def _write_plan(path: Path, recipe: Recipe, phases: list[PhaseSpec]) -> PlanSumm
         ) from exc
 
 
-def _record_repeats(snapshot: dict[str, Any], summary: PlanSummary) -> None:
+def record_repeats(snapshot: dict[str, Any], summary: PlanSummary) -> None:
     """Samples that repeat a row already in their step (only where a phase allows it)."""
     snapshot["repeats_in_step"] = summary.repeats_in_step
     for doc, detail in zip(snapshot["phases"], summary.phases, strict=True):
@@ -406,7 +433,7 @@ def _lineage_table(plan_path: Path, num_rows: int) -> pa.Table:
     return table
 
 
-def _snapshot_doc(
+def snapshot_doc(
     recipe: Recipe,
     pin: Pin,
     selection: Selection,

@@ -38,6 +38,8 @@ from service.routers import (
     jobs,
     lineage,
     objects,
+    plans,
+    schemas,
     snapshots,
     sql,
     tags,
@@ -162,6 +164,8 @@ def create_app(
     for module in (
         ingest,
         snapshots,
+        plans,
+        schemas,
         erasures,
         jobs,
         sql,

@@ -24,7 +24,7 @@ from typing import Annotated
 import typer
 
 from catalog.errors import VidlakeError
-from service import cli_catalog, cli_objects, cli_query, cli_snapshots
+from service import cli_catalog, cli_objects, cli_query, cli_schema, cli_snapshots
 from service.cli_cache import cache_app
 from service.cli_common import JsonOpt, emit, err
 from service.cli_interop import export_app, import_app
@@ -93,6 +93,7 @@ for _command in (
     *cli_objects.COMMANDS,
     *cli_snapshots.COMMANDS,
     *cli_query.COMMANDS,
+    *cli_schema.COMMANDS,
 ):
     app.command()(_command)
 

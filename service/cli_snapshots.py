@@ -37,6 +37,14 @@ def cut(
             help="Publish a new version even if one with the same inputs exists.",
         ),
     ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Select and plan, print drops, counts, steps, shares and coverage; "
+            "publish nothing.",
+        ),
+    ] = False,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -44,10 +52,27 @@ def cut(
     """Cut a snapshot from a recipe at its catalog pin and register the next version.
 
     Idempotent: when a published version has the same inputs (recipe, resolved pin,
-    code version), that version is shown instead, unless --new-version."""
+    code version), that version is shown instead, unless --new-version. --dry-run
+    exits 2 when a cut would fail (the reasons are printed beside the counts); a cut
+    that selects nothing prints the same breakdown before its error."""
+    from service.cli_plan import render_breakdown, render_plan
+
     parsed = _recipe(recipe)
-    with open_client(url, token) as client, progress(not as_json) as report:
-        snap = client.cut(parsed, new_version=new_version, progress=report)
+    if dry_run:
+        with open_client(url, token) as client:
+            plan = client.plan(parsed)
+        emit(plan, as_json, render_plan)
+        if not plan["publishable"]:
+            raise typer.Exit(2)
+        return
+    try:
+        with open_client(url, token) as client, progress(not as_json) as report:
+            snap = client.cut(parsed, new_version=new_version, progress=report)
+    except InvalidInput as exc:
+        if not as_json and isinstance(exc.details.get("breakdown"), dict):
+            counts = exc.details["breakdown"]
+            render_breakdown(exc.details.get("candidates", 0), exc.details.get("drops", {}), counts)
+        raise
     emit(snap, as_json, _render_snapshot)
 
 

@@ -12,6 +12,10 @@ Batches go in chunks of rows with per-chunk idempotency keys, objects are upload
 once (:mod:`service.client_transfer`). This module imports httpx and pyarrow only
 when used, and never FastAPI, DuckDB or pyiceberg, so that a training node can use
 the HTTP client alone (``from vidlake import Client`` is this class, SQL as a table).
+
+Why this module is over 500 lines: the :class:`Client` protocol and :class:`HttpClient`
+stand side by side, method for method, so a reader checks one against the other in
+one file; transfers and errors live in ``client_transfer`` and ``client_errors``.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import quote
 
 from catalog import errors as _errors
 from catalog.errors import VidlakeError
@@ -203,6 +208,15 @@ class Client(Protocol):
         self, query: str, *, snapshot: int | None = None, limit: int | None = None
     ) -> pa.Table:
         """Run one read-only query; its rows as an Arrow table."""
+        ...
+
+    def schema(self, table: str | None = None) -> dict[str, Any]:
+        """One table's columns (``TablePublic``), or every table (``TablesPublic``)."""
+        ...
+
+    def plan(self, recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
+        """A dry run of a cut (``PlanPublic``): what it would select and plan; publishes
+        nothing."""
         ...
 
 
@@ -535,3 +549,13 @@ class HttpClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def schema(self, table: str | None = None) -> dict[str, Any]:
+        path = "/v1/schemas" if table is None else f"/v1/schemas/{quote(table, safe='')}"
+        result: dict[str, Any] = self._call("GET", path)
+        return result
+
+    def plan(self, recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
+        body = {"recipe": recipe_document(recipe)}
+        result: dict[str, Any] = self._call("POST", "/v1/recipes:plan", json=body)
+        return result

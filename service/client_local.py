@@ -318,3 +318,15 @@ class LocalClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def schema(self, table: str | None = None) -> dict[str, Any]:
+        from service.table_schemas import table_schema, table_schemas
+
+        return _json(table_schemas() if table is None else table_schema(table))
+
+    def plan(self, recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
+        from service.routers.plans import plan_recipe
+        from service.schemas import SnapshotCreate
+
+        body = _body(SnapshotCreate, recipe=recipe_document(recipe))
+        return _json(plan_recipe(body, self.services, self._caller()))

@@ -36,7 +36,7 @@ from service.schemas import (
     StepPublic,
 )
 
-__all__ = ["router", "snapshot_public"]
+__all__ = ["load_recipe_body", "router", "snapshot_public"]
 
 router = APIRouter(prefix="/v1", tags=["snapshots"])
 
@@ -50,7 +50,8 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: _ERR for code in (401, 403, *codes)}
 
 
-def _load_recipe(recipe: dict[str, Any] | str) -> Any:
+def load_recipe_body(recipe: dict[str, Any] | str) -> Any:
+    """The recipe of a request body (its text or mapping; never a file name)."""
     from materializer.recipe import load_recipe
 
     if isinstance(recipe, str) and len(recipe) > 1 << 20:
@@ -102,7 +103,7 @@ def validate_recipe(body: SnapshotCreate, services: Svc, principal: Reader) -> R
     from materializer.cut import check_plan_fits
     from materializer.validate import check_recipe
 
-    recipe = _load_recipe(body.recipe)
+    recipe = load_recipe_body(body.recipe)
     # Syntax first, then every value the recipe names against the catalog at its pin,
     # then what a cut checks before it starts.
     check = check_recipe(services.catalog, recipe)
@@ -137,7 +138,7 @@ def validate_recipe(body: SnapshotCreate, services: Svc, principal: Reader) -> R
 def create_snapshot(
     body: SnapshotCreate, services: Svc, principal: Cutter, response: Response
 ) -> Any:
-    recipe = _load_recipe(body.recipe)
+    recipe = load_recipe_body(body.recipe)
     outcome = submit_cut(services, recipe, new_version=body.new_version, owner=principal.name)
     if outcome.record is not None:
         pinned = any(p.version == outcome.record.version for p in services.registry.pins())

@@ -7,7 +7,8 @@ removed unless the caller has the ``eval`` scope (whatever the pin names, see
 ``manifest.parquet`` rows with a ``version`` column), ``plans`` (every version's
 ``plan.arrow`` steps with a ``version`` column) and ``snapshots`` (one row per
 version). JSON out by default; an Arrow IPC stream when the ``Accept`` header asks
-for ``application/vnd.apache.arrow.stream``.
+for ``application/vnd.apache.arrow.stream``. ``DESCRIBE <view>`` (or ``DESCRIBE
+<select>``) is answered by a checked ``SELECT … LIMIT 0`` (:mod:`service.sql.describe`).
 
 The query runs in a sandbox worker process (:mod:`service.sql.sandbox`) under the
 service's time, memory, row and byte limits; the worker encodes the answer, so the
@@ -32,6 +33,7 @@ from service.deps import Reader, Services, Svc
 from service.routers.ingest import ARROW_STREAM
 from service.schemas import ErrorResponse, SqlRequest, SqlResult
 from service.sql import QueryResult, Source, View
+from service.sql.describe import DESCRIBE_COLUMNS, describe_rewrite, describe_rows
 
 __all__ = ["answer", "router", "run_cancellable"]
 
@@ -114,12 +116,13 @@ def answer(
 ) -> Response:
     """Run ``body`` in the sandbox: the :class:`SqlResult` JSON, or an Arrow stream."""
     pin = _pin(services, body)
+    sources = _sources(services, pin, sees_eval)
+    described = describe_rewrite(body.query, sources)
+    if described is not None:  # answered by a checked SELECT … LIMIT 0
+        result = services.sandbox.run(described, sources, 1, output="json", cancel=cancel)
+        return _describe_response(result, dict(pin.to_dict()), arrow)
     result = services.sandbox.run(
-        body.query,
-        _sources(services, pin, sees_eval),
-        body.limit,
-        output="arrow" if arrow else "json",
-        cancel=cancel,
+        body.query, sources, body.limit, output="arrow" if arrow else "json", cancel=cancel
     )
     if arrow:
         return Response(
@@ -131,6 +134,30 @@ def answer(
             },
         )
     return Response(content=_json_body(result, dict(pin.to_dict())), media_type="application/json")
+
+
+def _describe_response(result: QueryResult, pin: dict[str, int | None], arrow: bool) -> Response:
+    """DESCRIBE's answer (one row per column: name, type) from a LIMIT 0 result."""
+    rows = describe_rows(result.columns)
+    if arrow:
+        import pyarrow as pa
+
+        names = [name for name, _ in DESCRIBE_COLUMNS]
+        table = pa.table({n: [r[i] for r in rows] for i, n in enumerate(names)})
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        headers = {"X-Vidlake-Truncated": "false", "X-Vidlake-Row-Count": str(len(rows))}
+        return Response(sink.getvalue().to_pybytes(), media_type=ARROW_STREAM, headers=headers)
+    head = {
+        "columns": [{"name": n, "type": t} for n, t in DESCRIBE_COLUMNS],
+        "rows": rows,
+        "row_count": len(rows),
+        "truncated": False,
+        "elapsed_ms": round(result.elapsed_s * 1000, 3),
+        "pin": pin,
+    }
+    return Response(content=json.dumps(head).encode(), media_type="application/json")
 
 
 def _json_body(result: QueryResult, pin: dict[str, int | None]) -> bytes:

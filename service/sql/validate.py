@@ -272,6 +272,16 @@ def validate_query(sql: str, views: set[str] | frozenset[str]) -> set[str]:
             f"exactly one statement is allowed, got {len(statements)}", reason="statements"
         )
     root = statements[0]
+    if isinstance(root, exp.Describe):
+        # Never run: DuckDB's DESCRIBE reads its catalog, which the sandbox walls off.
+        # The SQL route answers ``DESCRIBE <view>`` itself (service.sql.describe);
+        # what reaches here is another form.
+        raise InvalidSQL(
+            "DESCRIBE takes one offered view, unqualified and unquoted (DESCRIBE clips), "
+            "or a SELECT; a table's columns, types and meaning are also at "
+            "GET /v1/schemas/{table} (vidlake schema TABLE)",
+            reason="statement",
+        )
     if not isinstance(root, exp.Select | exp.SetOperation):
         raise InvalidSQL(
             f"only SELECT (or WITH … SELECT) is allowed, got {root.key.upper()}",

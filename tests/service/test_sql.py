@@ -80,7 +80,8 @@ HOSTILE = [
     "VACUUM",
     "BEGIN TRANSACTION",
     "USE memory",
-    "DESCRIBE clips",
+    "DESCRIBE main.clips",  # DESCRIBE clips is answered (tests/service/test_sql_describe.py)
+    "DESCRIBE SELECT * FROM read_csv('{tmp}/secret.csv')",
     "SUMMARIZE clips",
     "SHOW TABLES",
     "SELECT * FROM query('SELECT 42')",
