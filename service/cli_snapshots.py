@@ -7,10 +7,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from catalog.errors import InvalidInput
-from service.cli_common import JsonOpt, TokenOpt, UrlOpt, emit, open_client, out, progress
+from service.cli_common import (
+    JsonOpt,
+    TokenOpt,
+    UrlOpt,
+    emit,
+    new_table,
+    open_client,
+    out,
+    progress,
+)
 
 if TYPE_CHECKING:
     from materializer.recipe import Recipe
@@ -74,7 +82,7 @@ def _render_snapshot(snap: dict[str, Any]) -> None:
         f"steps={snap['num_steps']}  samples={snap['counts']['samples']}  "
         f"plan rows={snap['plan_rows']}"
     )
-    shares = Table("phase", "stream", "target", "realized", "bound", title="stream shares")
+    shares = new_table("phase", "stream", "target", "realized", "bound", title="stream shares")
     for phase in snap["phases"]:
         for name, target in phase["targets"].items():
             shares.add_row(
@@ -85,7 +93,7 @@ def _render_snapshot(snap: dict[str, Any]) -> None:
                 f"±{phase['share_bound'].get(name, 0.0):.1f} {phase['unit']}",
             )
     out.print(shares)
-    drops = Table("reason", "samples", title="dropped")
+    drops = new_table("reason", "samples", title="dropped")
     for reason, n in snap["drops"].items():
         drops.add_row(reason, str(n))
     out.print(drops)
@@ -97,7 +105,7 @@ def snapshots(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = Fal
         rows = client.snapshots()["data"]
 
     def render(items: list[dict[str, Any]]) -> None:
-        table = Table(
+        table = new_table(
             "version",
             "parent",
             "patch_of",
@@ -165,17 +173,30 @@ def patch(
     assets: Annotated[
         list[str] | None, typer.Option("--asset", help="Asset id to exclude (repeat).")
     ] = None,
+    rows: Annotated[
+        list[int] | None, typer.Option("--row", help="Manifest row to exclude (repeat).")
+    ] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(help="Exclude the manifest rows matching this SQL predicate."),
+    ] = None,
     by: Annotated[str | None, typer.Option(help="Who asked.")] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Make a new version of V that skips the given clips/assets in every step."""
-    if not clips and not assets:
-        raise InvalidInput("name at least one --clip or --asset to exclude")
+    """Make a new version of V that skips the given clips/assets/rows in every step."""
+    if not clips and not assets and not rows and not where:
+        raise InvalidInput("name at least one --clip, --asset, --row or --where to exclude")
     with open_client(url, token) as client:
         made = client.patch(
-            version, reason=reason, exclude_clip_ids=clips, exclude_asset_ids=assets, by=by
+            version,
+            reason=reason,
+            exclude_clip_ids=clips,
+            exclude_asset_ids=assets,
+            exclude_rows=rows,
+            where=where,
+            by=by,
         )
         snap = client.snapshot(made["version"])
     emit(snap, as_json, _render_snapshot)

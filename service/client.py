@@ -107,9 +107,13 @@ class Client(Protocol):
         reason: str,
         exclude_clip_ids: list[str] | None = None,
         exclude_asset_ids: list[str] | None = None,
+        exclude_rows: list[int] | None = None,
+        where: str | None = None,
         by: str | None = None,
     ) -> dict[str, Any]:
-        """Publish a patch of ``version`` (``SnapshotPublic`` of the new version)."""
+        """Publish a patch of ``version`` (``SnapshotPublic`` of the new version): skip
+        the given clips, assets, manifest rows and rows matching ``where`` (a predicate
+        over ``manifest.parquet``'s columns)."""
         ...
 
     def pin(self, version: int, reason: str, *, by: str | None = None) -> dict[str, Any]:
@@ -355,11 +359,15 @@ class HttpClient:
         reason: str,
         exclude_clip_ids: list[str] | None = None,
         exclude_asset_ids: list[str] | None = None,
+        exclude_rows: list[int] | None = None,
+        where: str | None = None,
         by: str | None = None,
     ) -> dict[str, Any]:
         body = {
             "exclude_clip_ids": exclude_clip_ids or [],
             "exclude_asset_ids": exclude_asset_ids or [],
+            "exclude_rows": exclude_rows or [],
+            "where": where,
             "reason": reason,
             "by": by,
         }

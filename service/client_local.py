@@ -113,6 +113,8 @@ class LocalClient:
         reason: str,
         exclude_clip_ids: list[str] | None = None,
         exclude_asset_ids: list[str] | None = None,
+        exclude_rows: list[int] | None = None,
+        where: str | None = None,
         by: str | None = None,
     ) -> dict[str, Any]:
         from service.routers.snapshots import patch_snapshot
@@ -123,6 +125,8 @@ class LocalClient:
             reason=reason,
             exclude_clip_ids=exclude_clip_ids or [],
             exclude_asset_ids=exclude_asset_ids or [],
+            exclude_rows=exclude_rows or [],
+            where=where,
             by=by,
         )
         return _json(patch_snapshot(body, self.services, self._caller(by), version))

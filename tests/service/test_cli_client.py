@@ -10,6 +10,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -87,3 +89,33 @@ def test_ctrl_c_ends_the_cli_at_once_even_with_a_job_running(tmp_path: Path) -> 
     )
     assert run.returncode == 130 and "interrupted" in run.stderr, run.stderr
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("mode", ["embedded", "http"])
+def test_patch_by_rows_and_where_in_both_modes(live: tuple[World, str], mode: str) -> None:
+    world, url = live
+    v = world.versions[0]
+    manifest = pq.read_table(pa.BufferReader(world.registry.read_artifact(v, "manifest.parquet")))
+    streams = manifest.column("stream").to_pylist()
+    expect = streams.count(streams[0])
+    other = next(r for r, s in enumerate(streams) if s != streams[0])
+    extra = ("--url", url) if mode == "http" else ()
+    run = _vidlake(
+        world.home,
+        "patch",
+        str(v),
+        "--row",
+        str(other),
+        "--where",
+        f"stream = {streams[0]}",
+        "--reason",
+        "bad stream",
+        "--json",
+        *extra,
+    )
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    made = json.loads(run.stdout)
+    assert made["patch_of"] == v and made["patch"]["excluded"]["manifest_rows"] == expect + 1
+
+    bad = _vidlake(world.home, "patch", str(v), "--where", "nosuch = 1", "--reason", "x", *extra)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
