@@ -15,11 +15,12 @@ import typer
 
 from catalog.errors import NotFound
 from service.cli_common import emit
-from service.settings import get_settings
 
 __all__ = ["cache_app"]
 
-cache_app = typer.Typer(help="The node cache of latents (loader side).", no_args_is_help=True)
+cache_app = typer.Typer(
+    rich_markup_mode=None, help="The node cache of latents (loader side).", no_args_is_help=True
+)
 
 CacheDir = Annotated[
     Path | None,
@@ -51,6 +52,7 @@ def cache_root(directory: Path) -> Path:
 
 def _cache(directory: Path | None, budget: int | None) -> Any:
     from loader.cache import NodeCache
+    from service.settings import get_settings
 
     root = cache_root(directory or Path(get_settings().resolved()["cache_dir"]))
     return NodeCache(root, budget)

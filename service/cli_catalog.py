@@ -8,10 +8,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from catalog.errors import InvalidInput
-from service.cli_common import JsonOpt, TokenOpt, UrlOpt, emit, open_client, out, progress
+from service.cli_common import (
+    JsonOpt,
+    TokenOpt,
+    UrlOpt,
+    emit,
+    new_table,
+    open_client,
+    out,
+    progress,
+)
 from service.client import INGEST_TABLES, check_table
 
 __all__ = ["COMMANDS", "erase", "erasures", "ingest", "tombstone"]
@@ -135,7 +143,7 @@ def erasures(
         data = client.erasures()
 
     def render(d: dict[str, Any]) -> None:
-        table = Table("erasure", "asset", "state", "requested by", "completed")
+        table = new_table("erasure", "asset", "state", "requested by", "completed")
         for e in d["data"]:
             table.add_row(
                 e["erasure_id"],

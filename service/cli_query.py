@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from service.cli_common import JsonOpt, TokenOpt, UrlOpt, emit, err, open_client, out
+from service.cli_common import JsonOpt, TokenOpt, UrlOpt, emit, err, new_table, open_client, out
 
 __all__ = ["COMMANDS", "jobs", "lineage", "sql", "step"]
 
@@ -28,7 +27,7 @@ def sql(
         result = client.sql(query, snapshot=snapshot, limit=limit)
 
     def render(data: dict[str, Any]) -> None:
-        table = Table(*[c["name"] for c in data["columns"]])
+        table = new_table(*[c["name"] for c in data["columns"]])
         for row in data["rows"]:
             table.add_row(*["" if v is None else str(v) for v in row])
         out.print(table)
@@ -60,7 +59,7 @@ def step(
         data = client.step(version, step_number)
 
     def render(d: dict[str, Any]) -> None:
-        table = Table(
+        table = new_table(
             "pos",
             "row",
             "clip",
@@ -94,7 +93,7 @@ def jobs(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -
         data = client.jobs()
 
     def render(d: dict[str, Any]) -> None:
-        table = Table("id", "kind", "state", "stage", "progress", "created", "error")
+        table = new_table("id", "kind", "state", "stage", "progress", "created", "error")
         for j in d["data"]:
             table.add_row(
                 j["id"],
