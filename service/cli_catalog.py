@@ -59,8 +59,14 @@ def _read_rows(path: Path) -> Any:
     return rows
 
 
+#: What ``vidlake ingest`` takes besides the catalog tables: clip embeddings (LanceDB).
+EMBEDDINGS = "embeddings"
+
+
 def ingest(
-    table: Annotated[str, typer.Argument(help=f"One of: {', '.join(INGEST_TABLES)}.")],
+    table: Annotated[
+        str, typer.Argument(help=f"One of: {', '.join((*INGEST_TABLES, EMBEDDINGS))}.")
+    ],
     file: Annotated[Path, typer.Argument(help="JSON array, JSONL, Parquet or Arrow IPC.")],
     idempotency_key: Annotated[
         str | None,
@@ -70,16 +76,34 @@ def ingest(
             "first result (default: the SHA-256 of the batch's canonical bytes).",
         ),
     ] = None,
+    model_version: Annotated[
+        str | None,
+        typer.Option(help="embeddings only: the model version of rows that name none."),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Ingest a batch of rows into one table (one commit; rejected whole if any row is bad;
-    a rerun of a committed batch is a no-op that prints the first result)."""
-    check_table(table)
+    a rerun of a committed batch is a no-op that prints the first result). `embeddings`
+    takes {clip_id, vector, model_version?} rows of clips already in the catalog."""
+    if table == EMBEDDINGS:
+        if idempotency_key is not None:
+            raise InvalidInput(
+                "--idempotency-key is for catalog tables; embeddings are keyed by clip id "
+                "(a re-sent vector is a duplicate)",
+                field="idempotency_key",
+            )
+    else:
+        check_table(table)
+        if model_version is not None:
+            raise InvalidInput("--model-version is for embeddings only", field="model_version")
     rows = _read_rows(file)
     with open_client(url, token) as client:
-        result = client.ingest(table, rows, idempotency_key=idempotency_key)
+        if table == EMBEDDINGS:
+            result = client.ingest_embeddings(rows, model_version=model_version)
+        else:
+            result = client.ingest(table, rows, idempotency_key=idempotency_key)
     emit(result, as_json)
 
 

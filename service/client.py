@@ -73,6 +73,11 @@ class Client(Protocol):
         """Ingest one batch into ``table`` (``IngestPublic``)."""
         ...
 
+    def ingest_embeddings(self, rows: Any, *, model_version: str | None = None) -> dict[str, Any]:
+        """Add clip embeddings (``{clip_id, vector, model_version?}`` rows or an Arrow
+        table) to LanceDB; ``model_version`` for rows that name none (``IngestPublic``)."""
+        ...
+
     def validate(self, recipe: Recipe) -> dict[str, Any]:
         """Check ``recipe`` against the catalog at its pin (``RecipeValidatePublic``)."""
         ...
@@ -314,6 +319,25 @@ class HttpClient:
             writer.write_table(rows)
         headers["Content-Type"] = ARROW_STREAM
         result = self._call("POST", path, content=sink.getvalue().to_pybytes(), headers=headers)
+        return result
+
+    def ingest_embeddings(self, rows: Any, *, model_version: str | None = None) -> dict[str, Any]:
+        import pyarrow as pa
+
+        params = {"model_version": model_version} if model_version is not None else {}
+        if not isinstance(rows, pa.Table):
+            result: dict[str, Any] = self._call("POST", "/v1/embeddings", json=rows, params=params)
+            return result
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, rows.schema) as writer:
+            writer.write_table(rows)
+        result = self._call(
+            "POST",
+            "/v1/embeddings",
+            content=sink.getvalue().to_pybytes(),
+            headers={"Content-Type": ARROW_STREAM},
+            params=params,
+        )
         return result
 
     def validate(self, recipe: Recipe) -> dict[str, Any]:

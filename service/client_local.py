@@ -71,6 +71,11 @@ class LocalClient:
         check_table(table)
         return _json(ingest_batch(self.services, table, rows, idempotency_key))
 
+    def ingest_embeddings(self, rows: Any, *, model_version: str | None = None) -> dict[str, Any]:
+        from service.routers.ingest import embed_batch
+
+        return _json(embed_batch(self.services, rows, model_version))
+
     def validate(self, recipe: Recipe) -> dict[str, Any]:
         from service.routers.snapshots import validate_recipe
         from service.schemas import SnapshotCreate

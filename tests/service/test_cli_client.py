@@ -119,3 +119,27 @@ def test_patch_by_rows_and_where_in_both_modes(live: tuple[World, str], mode: st
 
     bad = _vidlake(world.home, "patch", str(v), "--where", "nosuch = 1", "--reason", "x", *extra)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("mode", ["embedded", "http"])
+def test_ingest_embeddings_in_both_modes(
+    live: tuple[World, str], mode: str, tmp_path: Path
+) -> None:
+    """concepts.md documents `vidlake ingest embeddings`; the CLI refused the table."""
+    world, url = live
+    clip = str(artifact_table(world.registry, world.versions[0], "index.arrow")["clip_id"][0])
+    rows = tmp_path / "vectors.json"
+    rows.write_text(json.dumps([{"clip_id": clip, "vector": [0.1, 0.2, 0.3, 0.4]}]))
+    extra = ("--url", url) if mode == "http" else ()
+    model = ("--model-version", f"cli-{mode}")
+    first = _vidlake(world.home, "ingest", "embeddings", str(rows), *model, "--json", *extra)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["inserted"] == 1
+    again = _vidlake(world.home, "ingest", "embeddings", str(rows), *model, "--json", *extra)
+    assert json.loads(again.stdout)["duplicates"] == 1, again.stderr
+
+    rows.write_text(json.dumps([{"clip_id": "f" * 64, "vector": [0.1, 0.2, 0.3, 0.4]}]))
+    unknown = _vidlake(world.home, "ingest", "embeddings", str(rows), *model, *extra)
+    assert unknown.returncode == 2 and "not in the catalog" in unknown.stderr, unknown.stderr
+    wrong = _vidlake(world.home, "ingest", "clips", str(rows), *model, *extra)
+    assert wrong.returncode == 2 and "embeddings only" in wrong.stderr, wrong.stderr
