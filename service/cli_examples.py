@@ -22,13 +22,15 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
         "vidlake ingest clips clips.parquet --idempotency-key clips-0001",
         f"vidlake ingest embeddings vectors.arrow {_URL}   # scope: write",
     ),
+    "upload": (f"vidlake upload latents/*.safetensors {_URL}   # scope: write",),
+    "schema": ("vidlake schema", f"vidlake schema clips {_URL}   # scope: read"),
     "tombstone": (
         f"vidlake tombstone ASSET_ID --reason 'licence revoked' {_URL}   # scope: admin",
     ),
     "erase": (f"vidlake erase ASSET_ID --reason 'GDPR request 118' {_URL}   # scope: admin",),
     "erasures": (f"vidlake erasures {_URL}   # scope: read",),
     "cut": (
-        "vidlake cut docs/recipes/demo.yaml",
+        "vidlake cut docs/recipes/demo.yaml --dry-run",
         f"vidlake cut my-recipe.yaml {_URL}   # scope: cut",
     ),
     "validate": (f"vidlake validate my-recipe.yaml {_URL}   # scope: read",),
