@@ -14,6 +14,7 @@ from service.cli_common import (
     TokenOpt,
     UrlOpt,
     emit,
+    err,
     new_table,
     open_client,
     out,
@@ -29,11 +30,15 @@ RecipeArg = Annotated[Path, typer.Argument(help="Recipe file (YAML or JSON).")]
 
 
 def _recipe(path: Path) -> Recipe:
-    from materializer.recipe import load_recipe
+    """The recipe at ``path``; what loading changed (normalised weights) is a warning."""
+    from materializer.recipe import load_recipe, recipe_notes
 
     if not path.is_file():
         raise InvalidInput(f"{path}: no such file", path=str(path))
-    return load_recipe(path)
+    recipe = load_recipe(path)
+    for note in recipe_notes(recipe):
+        err.print(f"[yellow]warning[/yellow]: {note}")
+    return recipe
 
 
 def cut(
@@ -52,7 +57,8 @@ def cut(
     """Cut a snapshot from a recipe at its catalog pin and register the next version.
 
     Idempotent: when a published version has the same inputs (recipe, resolved pin,
-    code version), that version is shown instead, unless --new-version."""
+    code version), that version is shown instead, unless --new-version. Weights that
+    do not sum to 1 are normalised with a warning, noted in snapshot.json (`notes`)."""
     parsed = _recipe(recipe)
     with open_client(url, token) as client, progress(not as_json) as report:
         snap = client.cut(parsed, new_version=new_version, progress=report)
@@ -69,10 +75,13 @@ def validate(
     models, filters, caption versions, rungs, tokenizer, stream predicates, eval
     embedding coverage) against the catalog at its pin. Exits 2 naming the first
     unknown value and the known ones."""
+    from materializer.recipe import recipe_notes
+
     parsed = _recipe(recipe)
     with open_client(url, token) as client:
         result = client.validate(parsed)
     result.pop("recipe", None)
+    result["warnings"] = recipe_notes(parsed)
     emit(result, as_json, lambda r: out.print(f"[green]valid[/green] {r['name']} {r['sha256']}"))
 
 

@@ -143,3 +143,27 @@ def test_ingest_embeddings_in_both_modes(
     assert unknown.returncode == 2 and "not in the catalog" in unknown.stderr, unknown.stderr
     wrong = _vidlake(world.home, "ingest", "clips", str(rows), *model, *extra)
     assert wrong.returncode == 2 and "embeddings only" in wrong.stderr, wrong.stderr
+
+
+def test_weights_not_summing_to_one_warn_and_are_noted_in_the_snapshot(
+    live: tuple[World, str], tmp_path: Path
+) -> None:
+    world, _ = live
+    doc = world_recipe("notes", seed=11)
+    doc["phases"][0]["weights"] = {k: 2 * v for k, v in doc["phases"][0]["weights"].items()}
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(doc))
+
+    checked = _vidlake(world.home, "validate", str(recipe), "--json")
+    assert checked.returncode == 0, checked.stderr
+    (warning,) = json.loads(checked.stdout)["warnings"]
+    assert "weights sum to 2, not 1; normalised" in warning
+    assert "warning" in checked.stderr and "sum to 2" in checked.stderr
+
+    cut = _vidlake(world.home, "cut", str(recipe), "--json")
+    assert cut.returncode == 0, cut.stderr
+    assert json.loads(cut.stdout)["notes"] == [warning]
+    doc["phases"][0]["weights"] = {k: v / 2 for k, v in doc["phases"][0]["weights"].items()}
+    recipe.write_text(yaml.safe_dump(doc))
+    quiet = _vidlake(world.home, "validate", str(recipe), "--json")
+    assert json.loads(quiet.stdout)["warnings"] == [] and "warning" not in quiet.stderr
