@@ -25,7 +25,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "upload": (f"vidlake upload latents/*.safetensors {_URL}   # scope: write",),
     "schema": ("vidlake schema", f"vidlake schema clips {_URL}   # scope: read"),
     "tombstone": (
-        f"vidlake tombstone ASSET_ID --reason 'licence revoked' {_URL}   # scope: admin",
+        f"vidlake tombstone ASSET_ID --reason 'licence revoked' {_URL}   # scope: write",
+        f"vidlake tombstone ASSET_ID --kind hard --erase --reason 'GDPR' {_URL}   # scope: admin",
     ),
     "erase": (f"vidlake erase ASSET_ID --reason 'GDPR request 118' {_URL}   # scope: admin",),
     "erasures": (f"vidlake erasures {_URL}   # scope: read",),
