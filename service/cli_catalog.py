@@ -4,6 +4,9 @@ takedowns, and the erasure of a hard takedown's bytes."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -15,6 +18,7 @@ from service.cli_common import (
     TokenOpt,
     UrlOpt,
     emit,
+    err,
     new_table,
     open_client,
     out,
@@ -98,13 +102,32 @@ def ingest(
         check_table(table)
         if model_version is not None:
             raise InvalidInput("--model-version is for embeddings only", field="model_version")
+    started = time.perf_counter()
     rows = _read_rows(file)
-    with open_client(url, token) as client:
+    count, size = len(rows) if isinstance(rows, list) else rows.num_rows, file.stat().st_size
+    what = f"{count:,} row{'' if count == 1 else 's'} ({size / 1e6:,.1f} MB) into {table}"
+    with open_client(url, token) as client, _status(f"ingesting {what}", not as_json):
         if table == EMBEDDINGS:
             result = client.ingest_embeddings(rows, model_version=model_version)
         else:
             result = client.ingest(table, rows, idempotency_key=idempotency_key)
+    if not as_json:
+        took = max(time.perf_counter() - started, 1e-9)
+        err.print(
+            f"ingested {what} in {took:.1f} s: {count / took:,.0f} rows/s, "
+            f"{size / 1e6 / took:,.1f} MB/s"
+        )
     emit(result, as_json)
+
+
+@contextmanager
+def _status(message: str, enabled: bool) -> Iterator[None]:
+    """A spinner on stderr while one batch is read, sent and committed."""
+    if not enabled:
+        yield
+        return
+    with err.status(message):
+        yield
 
 
 def tombstone(

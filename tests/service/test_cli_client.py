@@ -167,3 +167,16 @@ def test_weights_not_summing_to_one_warn_and_are_noted_in_the_snapshot(
     recipe.write_text(yaml.safe_dump(doc))
     quiet = _vidlake(world.home, "validate", str(recipe), "--json")
     assert json.loads(quiet.stdout)["warnings"] == [] and "warning" not in quiet.stderr
+
+
+def test_ingest_reports_rows_and_throughput(live: tuple[World, str], tmp_path: Path) -> None:
+    world, url = live
+    clip = str(artifact_table(world.registry, world.versions[0], "index.arrow")["clip_id"][0])
+    rows = tmp_path / "scores.json"
+    score = {"clip_id": clip, "filter_name": "aesthetic", "filter_version": "2", "score": 6.5}
+    rows.write_text(json.dumps([score]))
+    run = _vidlake(world.home, "ingest", "scores", str(rows), "--url", url)
+    assert run.returncode == 0, run.stderr
+    assert "ingested 1 row (" in run.stderr and "into scores" in run.stderr
+    assert "rows/s" in run.stderr and "MB/s" in run.stderr
+    assert json.loads(run.stdout)["table"] == "scores"  # stdout stays the result
