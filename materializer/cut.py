@@ -51,7 +51,7 @@ from manifests.inputs import INPUTS_KEY, cut_inputs_sha256
 from manifests.ipc import iter_batches, write_table
 from manifests.tags import tag_published
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
-from materializer.recipe import Recipe
+from materializer.recipe import Recipe, recipe_notes
 from materializer.select import Selection, check_pools, phase_mask, select
 from materializer.validate import check_recipe, resolve_pin
 
@@ -499,6 +499,8 @@ def snapshot_doc(
         "num_steps": summary.num_steps,
         "plan_rows": summary.plan_rows,
         "tokens": summary.tokens,
+        # What loading the recipe changed (normalised weights), only when anything did.
+        **({"notes": notes} if (notes := recipe_notes(recipe)) else {}),
     }
 
 

@@ -26,15 +26,16 @@ import typer
 from catalog.errors import VidlakeError
 from service import cli_catalog, cli_objects, cli_query, cli_schema, cli_snapshots
 from service.cli_cache import cache_app
-from service.cli_common import JsonOpt, emit, err
+from service.cli_common import JsonOpt, emit, err, out
+from service.cli_examples import attach as attach_examples
 from service.cli_interop import export_app, import_app
 from service.cli_storage import storage_app
 from service.cli_tags import tags_app
-from service.settings import Settings, get_settings
 
 __all__ = ["app", "exit_code", "main"]
 
 app = typer.Typer(
+    rich_markup_mode=None,
     name="vidlake",
     help="Lakehouse catalog and manifest service for training video world models.",
     no_args_is_help=True,
@@ -46,6 +47,29 @@ app.add_typer(storage_app, name="storage")
 app.add_typer(tags_app, name="tags")
 app.add_typer(import_app, name="import")
 app.add_typer(export_app, name="export")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from service.version import VERSION
+
+        out.print(f"vidlake {VERSION}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version."
+        ),
+    ] = False,
+) -> None:
+    """Lakehouse catalog and manifest service for training video world models.
+
+    Example: vidlake --url http://127.0.0.1:8321 snapshots
+    """
 
 
 def exit_code(exc: VidlakeError) -> int:
@@ -66,6 +90,8 @@ def main() -> None:
 @app.command()
 def config(as_json: JsonOpt = False) -> None:
     """Show the effective configuration (settings + embedded defaults)."""
+    from service.settings import get_settings
+
     settings = get_settings()
     data = {**settings.model_dump(mode="json"), "resolved": settings.resolved()}
     emit(data, True)
@@ -81,6 +107,7 @@ def serve(
 
     from service.app import create_app
     from service.auth import check_bind
+    from service.settings import Settings, get_settings
 
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = Settings(**{**get_settings().model_dump(exclude_unset=True), **overrides})
@@ -105,5 +132,9 @@ def demo(
 ) -> None:
     """Run the end-to-end demo on the configured home (default ./.vidlake/)."""
     from service.demo.run import run_demo
+    from service.settings import get_settings
 
     run_demo(get_settings(), assets=assets)
+
+
+attach_examples(app)

@@ -4,14 +4,26 @@ takedowns, and the erasure of a hard takedown's bytes."""
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from catalog.errors import InvalidInput
-from service.cli_common import JsonOpt, TokenOpt, UrlOpt, emit, open_client, out, progress
+from service.cli_common import (
+    JsonOpt,
+    TokenOpt,
+    UrlOpt,
+    emit,
+    err,
+    new_table,
+    open_client,
+    out,
+    progress,
+)
 from service.client import INGEST_TABLES, check_table
 
 __all__ = ["COMMANDS", "erase", "erasures", "ingest", "tombstone"]
@@ -51,8 +63,14 @@ def _read_rows(path: Path) -> Any:
     return rows
 
 
+#: What ``vidlake ingest`` takes besides the catalog tables: clip embeddings (LanceDB).
+EMBEDDINGS = "embeddings"
+
+
 def ingest(
-    table: Annotated[str, typer.Argument(help=f"One of: {', '.join(INGEST_TABLES)}.")],
+    table: Annotated[
+        str, typer.Argument(help=f"One of: {', '.join((*INGEST_TABLES, EMBEDDINGS))}.")
+    ],
     file: Annotated[Path, typer.Argument(help="JSON array, JSONL, Parquet or Arrow IPC.")],
     idempotency_key: Annotated[
         str | None,
@@ -62,17 +80,54 @@ def ingest(
             "first result (default: the SHA-256 of the batch's canonical bytes).",
         ),
     ] = None,
+    model_version: Annotated[
+        str | None,
+        typer.Option(help="embeddings only: the model version of rows that name none."),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Ingest a batch of rows into one table (one commit; rejected whole if any row is bad;
-    a rerun of a committed batch is a no-op that prints the first result)."""
-    check_table(table)
+    a rerun of a committed batch is a no-op that prints the first result). `embeddings`
+    takes {clip_id, vector, model_version?} rows of clips already in the catalog."""
+    if table == EMBEDDINGS:
+        if idempotency_key is not None:
+            raise InvalidInput(
+                "--idempotency-key is for catalog tables; embeddings are keyed by clip id "
+                "(a re-sent vector is a duplicate)",
+                field="idempotency_key",
+            )
+    else:
+        check_table(table)
+        if model_version is not None:
+            raise InvalidInput("--model-version is for embeddings only", field="model_version")
+    started = time.perf_counter()
     rows = _read_rows(file)
-    with open_client(url, token) as client:
-        result = client.ingest(table, rows, idempotency_key=idempotency_key)
+    count, size = len(rows) if isinstance(rows, list) else rows.num_rows, file.stat().st_size
+    what = f"{count:,} row{'' if count == 1 else 's'} ({size / 1e6:,.1f} MB) into {table}"
+    with open_client(url, token) as client, _status(f"ingesting {what}", not as_json):
+        if table == EMBEDDINGS:
+            result = client.ingest_embeddings(rows, model_version=model_version)
+        else:
+            result = client.ingest(table, rows, idempotency_key=idempotency_key)
+    if not as_json:
+        took = max(time.perf_counter() - started, 1e-9)
+        err.print(
+            f"ingested {what} in {took:.1f} s: {count / took:,.0f} rows/s, "
+            f"{size / 1e6 / took:,.1f} MB/s"
+        )
     emit(result, as_json)
+
+
+@contextmanager
+def _status(message: str, enabled: bool) -> Iterator[None]:
+    """A spinner on stderr while one batch is read, sent and committed."""
+    if not enabled:
+        yield
+        return
+    with err.status(message):
+        yield
 
 
 def tombstone(
@@ -135,7 +190,7 @@ def erasures(
         data = client.erasures()
 
     def render(d: dict[str, Any]) -> None:
-        table = Table("erasure", "asset", "state", "requested by", "completed")
+        table = new_table("erasure", "asset", "state", "requested by", "completed")
         for e in d["data"]:
             table.add_row(
                 e["erasure_id"],

@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-from service.settings import get_settings
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from service.client import Client
     from service.lake import Lake
 
@@ -33,6 +32,7 @@ __all__ = [
     "UrlOpt",
     "emit",
     "err",
+    "new_table",
     "open_client",
     "open_lake",
     "out",
@@ -57,6 +57,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")
 def open_lake() -> Lake:
     """The configured lake's handles (for the commands that work on files directly)."""
     from service.lake import Lake
+    from service.settings import get_settings
 
     return Lake(get_settings())
 
@@ -76,6 +77,7 @@ def open_client(url: str | None, token: str | None) -> Iterator[Client]:
         client = HttpClient(url, token)
     else:
         from service.client_local import LocalClient
+        from service.settings import get_settings
 
         client = LocalClient(get_settings())
     try:
@@ -97,12 +99,21 @@ def emit(data: Any, as_json: bool, render: Callable[[Any], None] | None = None) 
         render(data)
 
 
+def new_table(*columns: str, **options: Any) -> Table:
+    """A rich table (imported on first use: ``--help`` does not pay for it)."""
+    from rich.table import Table
+
+    return Table(*columns, **options)
+
+
 @contextmanager
 def progress(enabled: bool = True) -> Iterator[Callable[[str, float], None]]:
     """A rich progress display with one bar per stage; yields ``report(stage, fraction)``."""
     if not enabled:
         yield lambda stage, fraction: None
         return
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     with Progress(
         TextColumn("{task.description:<12}"),
         BarColumn(),

@@ -30,8 +30,12 @@ from service.cli_common import out as console
 
 __all__ = ["export_app", "import_app"]
 
-import_app = typer.Typer(help="Adopt existing datasets by reference.", no_args_is_help=True)
-export_app = typer.Typer(help="Write snapshots in other formats.", no_args_is_help=True)
+import_app = typer.Typer(
+    rich_markup_mode=None, help="Adopt existing datasets by reference.", no_args_is_help=True
+)
+export_app = typer.Typer(
+    rich_markup_mode=None, help="Write snapshots in other formats.", no_args_is_help=True
+)
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
 

@@ -22,8 +22,6 @@ def upload(
     """Store files as objects and print each one's SHA-256 (what latents rows name in
     object_sha256). A file stored already is not sent again; the server verifies the
     bytes against their hash. Needs the write scope with --url.
-
-    Example: vidlake upload latents/*.safetensors --url http://127.0.0.1:8321
     """
     done: list[dict[str, Any]] = []
     with open_client(url, token) as client:

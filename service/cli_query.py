@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
-from service.cli_common import JsonOpt, TokenOpt, UrlOpt, emit, err, open_client, out
+from service.cli_common import JsonOpt, TokenOpt, UrlOpt, emit, err, new_table, open_client, out
 
 __all__ = ["COMMANDS", "jobs", "lineage", "sql", "step"]
 
@@ -28,14 +27,25 @@ def sql(
         result = client.sql(query, snapshot=snapshot, limit=limit)
 
     def render(data: dict[str, Any]) -> None:
-        table = Table(*[c["name"] for c in data["columns"]])
-        for row in data["rows"]:
-            table.add_row(*["" if v is None else str(v) for v in row])
-        out.print(table)
+        _print_result([c["name"] for c in data["columns"]], data["rows"])
         if data["truncated"]:
             err.print(f"[yellow]truncated at {data['row_count']} rows[/yellow]")
 
     emit(result, as_json, render)
+
+
+def _print_result(headers: list[str], rows: list[list[Any]]) -> None:
+    """The rows as a table that fits the terminal: cells are cut, headers never."""
+    from service.cli_render import clip, fit_widths, table_width
+
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    widths = fit_widths(headers, cells, out.width)
+    table = new_table()
+    for header, width in zip(headers, widths, strict=True):
+        table.add_column(header, min_width=width, max_width=width, no_wrap=True)
+    for row in cells:
+        table.add_row(*[clip(c, w) for c, w in zip(row, widths, strict=True)])
+    out.print(table, width=max(out.width, table_width(widths)), crop=False)
 
 
 def lineage(
@@ -60,7 +70,7 @@ def step(
         data = client.step(version, step_number)
 
     def render(d: dict[str, Any]) -> None:
-        table = Table(
+        table = new_table(
             "pos",
             "row",
             "clip",
@@ -94,7 +104,7 @@ def jobs(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -
         data = client.jobs()
 
     def render(d: dict[str, Any]) -> None:
-        table = Table("id", "kind", "state", "stage", "progress", "created", "error")
+        table = new_table("id", "kind", "state", "stage", "progress", "created", "error")
         for j in d["data"]:
             table.add_row(
                 j["id"],

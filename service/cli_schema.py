@@ -55,9 +55,7 @@ def schema(
 ) -> None:
     """Show the ingest tables, or one table's columns: type, whether a producer must
     send it, what the catalog fills, a description and an example, then an example row
-    (as GET /v1/schemas serves them; docs/tables.md is the same page).
-
-    Example: vidlake schema clips"""
+    (as GET /v1/schemas serves them; docs/tables.md is the same page)."""
     with open_client(url, token) as client:
         data = client.schema(table)
     emit(data, as_json, _render_tables if table is None else _render_table)

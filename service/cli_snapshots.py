@@ -7,10 +7,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from catalog.errors import InvalidInput
-from service.cli_common import JsonOpt, TokenOpt, UrlOpt, emit, open_client, out, progress
+from service.cli_common import (
+    JsonOpt,
+    TokenOpt,
+    UrlOpt,
+    emit,
+    err,
+    new_table,
+    open_client,
+    out,
+    progress,
+)
 
 if TYPE_CHECKING:
     from materializer.recipe import Recipe
@@ -21,11 +30,15 @@ RecipeArg = Annotated[Path, typer.Argument(help="Recipe file (YAML or JSON).")]
 
 
 def _recipe(path: Path) -> Recipe:
-    from materializer.recipe import load_recipe
+    """The recipe at ``path``; what loading changed (normalised weights) is a warning."""
+    from materializer.recipe import load_recipe, recipe_notes
 
     if not path.is_file():
         raise InvalidInput(f"{path}: no such file", path=str(path))
-    return load_recipe(path)
+    recipe = load_recipe(path)
+    for note in recipe_notes(recipe):
+        err.print(f"[yellow]warning[/yellow]: {note}")
+    return recipe
 
 
 def cut(
@@ -52,9 +65,10 @@ def cut(
     """Cut a snapshot from a recipe at its catalog pin and register the next version.
 
     Idempotent: when a published version has the same inputs (recipe, resolved pin,
-    code version), that version is shown instead, unless --new-version. --dry-run
-    exits 2 when a cut would fail (the reasons are printed beside the counts); a cut
-    that selects nothing prints the same breakdown before its error."""
+    code version), that version is shown instead, unless --new-version. Weights that
+    do not sum to 1 are normalised with a warning, noted in snapshot.json (`notes`).
+    --dry-run exits 2 when a cut would fail (the reasons are printed beside the counts);
+    a cut that selects nothing prints the same breakdown before its error."""
     from service.cli_plan import render_breakdown, render_plan
 
     parsed = _recipe(recipe)
@@ -86,10 +100,13 @@ def validate(
     models, filters, caption versions, rungs, tokenizer, stream predicates, eval
     embedding coverage) against the catalog at its pin. Exits 2 naming the first
     unknown value and the known ones."""
+    from materializer.recipe import recipe_notes
+
     parsed = _recipe(recipe)
     with open_client(url, token) as client:
         result = client.validate(parsed)
     result.pop("recipe", None)
+    result["warnings"] = recipe_notes(parsed)
     emit(result, as_json, lambda r: out.print(f"[green]valid[/green] {r['name']} {r['sha256']}"))
 
 
@@ -99,7 +116,7 @@ def _render_snapshot(snap: dict[str, Any]) -> None:
         f"steps={snap['num_steps']}  samples={snap['counts']['samples']}  "
         f"plan rows={snap['plan_rows']}"
     )
-    shares = Table("phase", "stream", "target", "realized", "bound", title="stream shares")
+    shares = new_table("phase", "stream", "target", "realized", "bound", title="stream shares")
     for phase in snap["phases"]:
         for name, target in phase["targets"].items():
             shares.add_row(
@@ -110,7 +127,7 @@ def _render_snapshot(snap: dict[str, Any]) -> None:
                 f"±{phase['share_bound'].get(name, 0.0):.1f} {phase['unit']}",
             )
     out.print(shares)
-    drops = Table("reason", "samples", title="dropped")
+    drops = new_table("reason", "samples", title="dropped")
     for reason, n in snap["drops"].items():
         drops.add_row(reason, str(n))
     out.print(drops)
@@ -122,7 +139,7 @@ def snapshots(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = Fal
         rows = client.snapshots()["data"]
 
     def render(items: list[dict[str, Any]]) -> None:
-        table = Table(
+        table = new_table(
             "version",
             "parent",
             "patch_of",
@@ -190,17 +207,30 @@ def patch(
     assets: Annotated[
         list[str] | None, typer.Option("--asset", help="Asset id to exclude (repeat).")
     ] = None,
+    rows: Annotated[
+        list[int] | None, typer.Option("--row", help="Manifest row to exclude (repeat).")
+    ] = None,
+    where: Annotated[
+        str | None,
+        typer.Option(help="Exclude the manifest rows matching this SQL predicate."),
+    ] = None,
     by: Annotated[str | None, typer.Option(help="Who asked.")] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Make a new version of V that skips the given clips/assets in every step."""
-    if not clips and not assets:
-        raise InvalidInput("name at least one --clip or --asset to exclude")
+    """Make a new version of V that skips the given clips/assets/rows in every step."""
+    if not clips and not assets and not rows and not where:
+        raise InvalidInput("name at least one --clip, --asset, --row or --where to exclude")
     with open_client(url, token) as client:
         made = client.patch(
-            version, reason=reason, exclude_clip_ids=clips, exclude_asset_ids=assets, by=by
+            version,
+            reason=reason,
+            exclude_clip_ids=clips,
+            exclude_asset_ids=assets,
+            exclude_rows=rows,
+            where=where,
+            by=by,
         )
         snap = client.snapshot(made["version"])
     emit(snap, as_json, _render_snapshot)

@@ -17,6 +17,7 @@ import typer
 __all__ = ["storage_app"]
 
 storage_app = typer.Typer(
+    rich_markup_mode=None,
     help="Storage operations: inventory, verified upload, seal, restore, cleanup-check, watch.",
     no_args_is_help=True,
 )

@@ -85,6 +85,11 @@ class Client(Protocol):
         for several chunks their sums and each one's, :func:`~service.client_transfer.combine`)."""
         ...
 
+    def ingest_embeddings(self, rows: Any, *, model_version: str | None = None) -> dict[str, Any]:
+        """Add clip embeddings (``{clip_id, vector, model_version?}`` rows or an Arrow
+        table) to LanceDB; ``model_version`` for rows that name none (``IngestPublic``)."""
+        ...
+
     def validate(self, recipe: Recipe) -> dict[str, Any]:
         """Check ``recipe`` against the catalog at its pin (``RecipeValidatePublic``)."""
         ...
@@ -119,9 +124,13 @@ class Client(Protocol):
         reason: str,
         exclude_clip_ids: list[str] | None = None,
         exclude_asset_ids: list[str] | None = None,
+        exclude_rows: list[int] | None = None,
+        where: str | None = None,
         by: str | None = None,
     ) -> dict[str, Any]:
-        """Publish a patch of ``version`` (``SnapshotPublic`` of the new version)."""
+        """Publish a patch of ``version`` (``SnapshotPublic`` of the new version): skip
+        the given clips, assets, manifest rows and rows matching ``where`` (a predicate
+        over ``manifest.parquet``'s columns)."""
         ...
 
     def pin(self, version: int, reason: str, *, by: str | None = None) -> dict[str, Any]:
@@ -334,6 +343,25 @@ class HttpClient:
         result = self._call("POST", path, content=sink.getvalue().to_pybytes(), headers=headers)
         return result
 
+    def ingest_embeddings(self, rows: Any, *, model_version: str | None = None) -> dict[str, Any]:
+        import pyarrow as pa
+
+        params = {"model_version": model_version} if model_version is not None else {}
+        if not isinstance(rows, pa.Table):
+            result: dict[str, Any] = self._call("POST", "/v1/embeddings", json=rows, params=params)
+            return result
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, rows.schema) as writer:
+            writer.write_table(rows)
+        result = self._call(
+            "POST",
+            "/v1/embeddings",
+            content=sink.getvalue().to_pybytes(),
+            headers={"Content-Type": ARROW_STREAM},
+            params=params,
+        )
+        return result
+
     def validate(self, recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
         body = {"recipe": recipe_document(recipe)}
         result: dict[str, Any] = self._call("POST", "/v1/recipes:validate", json=body)
@@ -388,11 +416,15 @@ class HttpClient:
         reason: str,
         exclude_clip_ids: list[str] | None = None,
         exclude_asset_ids: list[str] | None = None,
+        exclude_rows: list[int] | None = None,
+        where: str | None = None,
         by: str | None = None,
     ) -> dict[str, Any]:
         body = {
             "exclude_clip_ids": exclude_clip_ids or [],
             "exclude_asset_ids": exclude_asset_ids or [],
+            "exclude_rows": exclude_rows or [],
+            "where": where,
             "reason": reason,
             "by": by,
         }

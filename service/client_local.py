@@ -93,6 +93,11 @@ class LocalClient:
             progress=progress,
         )
 
+    def ingest_embeddings(self, rows: Any, *, model_version: str | None = None) -> dict[str, Any]:
+        from service.routers.ingest import embed_batch
+
+        return _json(embed_batch(self.services, rows, model_version))
+
     def validate(self, recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
         from service.routers.snapshots import validate_recipe
         from service.schemas import SnapshotCreate
@@ -147,6 +152,8 @@ class LocalClient:
         reason: str,
         exclude_clip_ids: list[str] | None = None,
         exclude_asset_ids: list[str] | None = None,
+        exclude_rows: list[int] | None = None,
+        where: str | None = None,
         by: str | None = None,
     ) -> dict[str, Any]:
         from service.routers.snapshots import patch_snapshot
@@ -157,6 +164,8 @@ class LocalClient:
             reason=reason,
             exclude_clip_ids=exclude_clip_ids or [],
             exclude_asset_ids=exclude_asset_ids or [],
+            exclude_rows=exclude_rows or [],
+            where=where,
             by=by,
         )
         return _json(patch_snapshot(body, self.services, self._caller(by), version))

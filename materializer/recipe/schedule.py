@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
 
 from catalog.names import RUNG
 from materializer.recipe.fields import (
@@ -107,11 +107,18 @@ def _global_batch(value: Any) -> Any:
     return value
 
 
+#: A weight sum further than this from 1 is the author's (0.5/0.3/0.3), not rounding.
+_SUM_TOLERANCE = 1e-6
+
+
 class Phase(Model):
     """One stretch of training at one rung with fixed stream weights.
 
     ``weights`` are normalised to sum to one; a declared stream left out of them is
     not sampled in this phase. Exactly one of ``steps`` and ``token_budget`` ends it.
+    :attr:`given_weight_sum` keeps what the weights summed to when that was not one
+    (not a field: the recipe's canonical form and SHA-256 hold the normalised weights),
+    for the warning and the snapshot note of :func:`~materializer.recipe.notes.recipe_notes`.
     """
 
     name: Label
@@ -125,6 +132,21 @@ class Phase(Model):
     # A (stream, bucket) pool smaller than its per-step quota repeats rows in a step;
     # the cut refuses that unless the phase says so (docs/plan.md, "Epochs").
     allow_repeats_in_step: bool = Field(default=False, strict=True)
+    _given_weight_sum: float | None = PrivateAttr(default=None)
+
+    def __eq__(self, other: object) -> bool:
+        # Fields only: the given sum is a note about the source, not part of the phase
+        # (a recipe reloaded from its canonical form equals the one it came from).
+        if not isinstance(other, Phase):
+            return NotImplemented
+        return self.__dict__ == other.__dict__
+
+    __hash__ = Model.__hash__
+
+    @property
+    def given_weight_sum(self) -> float | None:
+        """The sum of the weights as written, when it was not 1 (they were normalised)."""
+        return self._given_weight_sum
 
     @model_validator(mode="after")
     def _consistent(self) -> Phase:
@@ -157,7 +179,10 @@ class Phase(Model):
             if v < _MIN_WEIGHT:
                 raise fail(f"weights.{k}", f"weight is below {_MIN_WEIGHT} of the phase; drop it")
         if weights != self.weights:
-            return self.model_copy(update={"weights": MappingProxyType(weights)})
+            normalised = self.model_copy(update={"weights": MappingProxyType(weights)})
+            if abs(scaled * top - 1.0) > _SUM_TOLERANCE:  # not mere float rounding
+                normalised._given_weight_sum = scaled * top
+            return normalised
         return self
 
 

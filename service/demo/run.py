@@ -22,6 +22,7 @@ import signal
 import socket
 import threading
 import time
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +37,9 @@ if TYPE_CHECKING:
 
 __all__ = ["run_demo"]
 
-RECIPE = Path(__file__).resolve().parents[2] / "docs" / "recipes" / "demo.yaml"
+#: The demo's recipe ships as package data (the same text as docs/recipes/demo.yaml,
+#: kept equal by a test): an installed package has no docs/ beside it.
+RECIPE = resources.files("service.demo").joinpath("demo.yaml")
 TRAIN_STEPS = 40
 KILL_AFTER = 15
 CACHE_BUDGET = 256 * 1024**2
@@ -179,7 +182,7 @@ def _cut(http: HttpClient) -> dict[str, Any]:
                 tasks[stage] = bars.add_task(stage, total=1.0)
             bars.update(tasks[stage], completed=fraction)
 
-        snap = http.cut(load_recipe(RECIPE), progress=report)
+        snap = http.cut(load_recipe(RECIPE.read_text("utf-8")), progress=report)
     if not tasks:  # no job ran: a rerun of the demo, these inputs already made a version
         console.print(
             f"these inputs (recipe, catalog state, code) already made v{snap['version']}: "

@@ -12,10 +12,12 @@ from fastapi import APIRouter, Response
 from catalog.errors import VidlakeError
 from service.deps import Svc
 from service.schemas import ErrorResponse, HealthPublic
+from service.version import VERSION
 
 __all__ = ["API_VERSION", "router"]
 
-API_VERSION = "1.0.0"
+#: The package's version (:mod:`service.version`), the one the API reports.
+API_VERSION = VERSION
 
 router = APIRouter(tags=["operations"])
 log = logging.getLogger("vidlake.service")

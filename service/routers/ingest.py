@@ -41,7 +41,7 @@ from service.deps import Services, Svc, Writer
 from service.row_schemas import EMBEDDING_ROW, request_body, row_schema_name
 from service.schemas import ErrorResponse, IngestPublic
 
-__all__ = ["ARROW_STREAM", "ingest_batch", "router"]
+__all__ = ["ARROW_STREAM", "embed_batch", "ingest_batch", "router"]
 
 #: Columns an embeddings batch materialises (clip_id, vector, model_version, ...).
 _EMBEDDING_COLUMNS = 5
@@ -231,9 +231,16 @@ def _embedding_columns(
 def _ingest_embeddings(
     services: Services, media: str, body: bytes, model_version: str | None
 ) -> IngestPublic:
+    return embed_batch(services, _decode(services, media, body, None), model_version)
+
+
+def embed_batch(
+    services: Services, batch: pa.Table | list[dict[str, Any]], model_version: str | None
+) -> IngestPublic:
+    """Add a decoded batch of clip embeddings to LanceDB (one table per model version);
+    what ``POST /v1/embeddings`` answers (the CLI's in-process client calls it too)."""
     from catalog.embeddings import EmbeddingIndex
 
-    batch = _decode(services, media, body, None)
     received = batch.num_rows if isinstance(batch, pa.Table) else len(batch)
     if received == 0:
         return IngestPublic(

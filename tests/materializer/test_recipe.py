@@ -738,3 +738,16 @@ def test_an_explicit_pin_may_name_embedding_versions() -> None:
     data["exclusions"]["eval_near_duplicates"]["min_eval_coverage"] = 0.99
     lowered = load_recipe(data).exclusions.eval_near_duplicates
     assert lowered is not None and lowered.min_eval_coverage == 0.99
+
+
+def test_weights_not_summing_to_one_are_normalised_with_a_note() -> None:
+    from materializer.recipe import recipe_notes
+
+    doc = yaml.safe_load(WARMUP.read_text())
+    doc["phases"][0]["weights"] = {k: 3 * v for k, v in doc["phases"][0]["weights"].items()}
+    scaled = load_recipe(doc)
+    (note,) = recipe_notes(scaled)
+    assert note.startswith("phases[0]") and "sum to 3, not 1" in note
+    plain = load_recipe(WARMUP)
+    assert recipe_notes(plain) == [] and scaled == plain and scaled.sha256() == plain.sha256()
+    assert recipe_notes(load_recipe(scaled.to_canonical_json())) == []  # already normalised

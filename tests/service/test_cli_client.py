@@ -10,6 +10,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -87,3 +89,94 @@ def test_ctrl_c_ends_the_cli_at_once_even_with_a_job_running(tmp_path: Path) -> 
     )
     assert run.returncode == 130 and "interrupted" in run.stderr, run.stderr
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("mode", ["embedded", "http"])
+def test_patch_by_rows_and_where_in_both_modes(live: tuple[World, str], mode: str) -> None:
+    world, url = live
+    v = world.versions[0]
+    manifest = pq.read_table(pa.BufferReader(world.registry.read_artifact(v, "manifest.parquet")))
+    streams = manifest.column("stream").to_pylist()
+    expect = streams.count(streams[0])
+    other = next(r for r, s in enumerate(streams) if s != streams[0])
+    extra = ("--url", url) if mode == "http" else ()
+    run = _vidlake(
+        world.home,
+        "patch",
+        str(v),
+        "--row",
+        str(other),
+        "--where",
+        f"stream = {streams[0]}",
+        "--reason",
+        "bad stream",
+        "--json",
+        *extra,
+    )
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    made = json.loads(run.stdout)
+    assert made["patch_of"] == v and made["patch"]["excluded"]["manifest_rows"] == expect + 1
+
+    bad = _vidlake(world.home, "patch", str(v), "--where", "nosuch = 1", "--reason", "x", *extra)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("mode", ["embedded", "http"])
+def test_ingest_embeddings_in_both_modes(
+    live: tuple[World, str], mode: str, tmp_path: Path
+) -> None:
+    """concepts.md documents `vidlake ingest embeddings`; the CLI refused the table."""
+    world, url = live
+    clip = str(artifact_table(world.registry, world.versions[0], "index.arrow")["clip_id"][0])
+    rows = tmp_path / "vectors.json"
+    rows.write_text(json.dumps([{"clip_id": clip, "vector": [0.1, 0.2, 0.3, 0.4]}]))
+    extra = ("--url", url) if mode == "http" else ()
+    model = ("--model-version", f"cli-{mode}")
+    first = _vidlake(world.home, "ingest", "embeddings", str(rows), *model, "--json", *extra)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["inserted"] == 1
+    again = _vidlake(world.home, "ingest", "embeddings", str(rows), *model, "--json", *extra)
+    assert json.loads(again.stdout)["duplicates"] == 1, again.stderr
+
+    rows.write_text(json.dumps([{"clip_id": "f" * 64, "vector": [0.1, 0.2, 0.3, 0.4]}]))
+    unknown = _vidlake(world.home, "ingest", "embeddings", str(rows), *model, *extra)
+    assert unknown.returncode == 2 and "not in the catalog" in unknown.stderr, unknown.stderr
+    wrong = _vidlake(world.home, "ingest", "clips", str(rows), *model, *extra)
+    assert wrong.returncode == 2 and "embeddings only" in wrong.stderr, wrong.stderr
+
+
+def test_weights_not_summing_to_one_warn_and_are_noted_in_the_snapshot(
+    live: tuple[World, str], tmp_path: Path
+) -> None:
+    world, _ = live
+    doc = world_recipe("notes", seed=11)
+    doc["phases"][0]["weights"] = {k: 2 * v for k, v in doc["phases"][0]["weights"].items()}
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(doc))
+
+    checked = _vidlake(world.home, "validate", str(recipe), "--json")
+    assert checked.returncode == 0, checked.stderr
+    (warning,) = json.loads(checked.stdout)["warnings"]
+    assert "weights sum to 2, not 1; normalised" in warning
+    assert "warning" in checked.stderr and "sum to 2" in checked.stderr
+
+    cut = _vidlake(world.home, "cut", str(recipe), "--json")
+    assert cut.returncode == 0, cut.stderr
+    assert json.loads(cut.stdout)["notes"] == [warning]
+    doc["phases"][0]["weights"] = {k: v / 2 for k, v in doc["phases"][0]["weights"].items()}
+    recipe.write_text(yaml.safe_dump(doc))
+    quiet = _vidlake(world.home, "validate", str(recipe), "--json")
+    assert json.loads(quiet.stdout)["warnings"] == [] and "warning" not in quiet.stderr
+
+
+def test_ingest_reports_rows_and_throughput(live: tuple[World, str], tmp_path: Path) -> None:
+    world, url = live
+    clip = str(artifact_table(world.registry, world.versions[0], "index.arrow")["clip_id"][0])
+    rows = tmp_path / "scores.json"
+    score = {"clip_id": clip, "filter_name": "aesthetic", "filter_version": "2", "score": 6.5}
+    rows.write_text(json.dumps([score]))
+    run = _vidlake(world.home, "ingest", "scores", str(rows), "--url", url)
+    assert run.returncode == 0, run.stderr
+    assert "ingested 1 row (" in run.stderr and "into scores" in run.stderr
+    assert "rows/s" in run.stderr and "MB/s" in run.stderr
+    assert json.loads(run.stdout)["table"] == "scores"  # stdout stays the result
