@@ -23,7 +23,7 @@ from typing import Annotated
 import typer
 
 from catalog.errors import VidlakeError
-from service import cli_catalog, cli_query, cli_snapshots
+from service import cli_catalog, cli_maintain, cli_query, cli_snapshots
 from service.cli_cache import cache_app
 from service.cli_common import JsonOpt, emit, err
 from service.cli_interop import export_app, import_app
@@ -85,7 +85,12 @@ def serve(
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
 
 
-for _command in (*cli_catalog.COMMANDS, *cli_snapshots.COMMANDS, *cli_query.COMMANDS):
+for _command in (
+    *cli_catalog.COMMANDS,
+    *cli_snapshots.COMMANDS,
+    *cli_query.COMMANDS,
+    *cli_maintain.COMMANDS,
+):
     app.command()(_command)
 
 

@@ -161,6 +161,20 @@ class Client(Protocol):
         """One erasure (``ErasurePublic``)."""
         ...
 
+    def maintain(
+        self, options: dict[str, Any] | None = None, *, progress: Progress | None = None
+    ) -> dict[str, Any]:
+        """Run lake maintenance and wait for its report; ``options`` as
+        ``MaintenanceCreate``."""
+        ...
+
+    def gc(
+        self, options: dict[str, Any] | None = None, *, progress: Progress | None = None
+    ) -> dict[str, Any]:
+        """Find (with ``apply``, delete) crash debris and wait for the report;
+        ``options`` as ``GcCreate``."""
+        ...
+
     def close(self) -> None:
         """Release what the client holds (connections, the embedded catalog)."""
         ...
@@ -423,6 +437,20 @@ class HttpClient:
 
     def erasure(self, erasure_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._call("GET", f"/v1/erasures/{erasure_id}")
+        return result
+
+    def maintain(
+        self, options: dict[str, Any] | None = None, *, progress: Progress | None = None
+    ) -> dict[str, Any]:
+        job = self._call("POST", "/v1/maintenance", json=options or {})
+        result: dict[str, Any] = wait_for_job(self.job, job["id"], progress)
+        return result
+
+    def gc(
+        self, options: dict[str, Any] | None = None, *, progress: Progress | None = None
+    ) -> dict[str, Any]:
+        job = self._call("POST", "/v1/gc", json=options or {})
+        result: dict[str, Any] = wait_for_job(self.job, job["id"], progress)
         return result
 
     def close(self) -> None:
