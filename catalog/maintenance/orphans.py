@@ -24,7 +24,7 @@ from pyiceberg.table import Table
 from catalog.errors import InvalidInput, StorageError
 from catalog.objects.s3_client import S3Connection, make_client, translate
 
-__all__ = ["list_files", "referenced_paths", "remove_orphans"]
+__all__ = ["list_files", "referenced_paths", "remove_orphans", "unreferenced_files"]
 
 
 def referenced_paths(tbl: Table) -> set[str]:
@@ -52,12 +52,9 @@ def remove_orphans(
     """Delete (with ``apply``) the unreferenced files under ``tbl``'s location older than
     ``older_than_s``; returns ``orphans`` (count), ``bytes`` and ``young`` (unreferenced
     but within the safety age, kept)."""
-    referenced = referenced_paths(tbl)
     cutoff = time.time() - older_than_s
     done: dict[str, Any] = {"orphans": 0, "bytes": 0, "young": 0}
-    for uri, size, mtime in list_files(tbl.metadata.location, s3):
-        if _norm(uri) in referenced:
-            continue
+    for uri, size, mtime in unreferenced_files(tbl, s3):
         if mtime > cutoff:
             done["young"] += 1
             continue
@@ -66,6 +63,13 @@ def remove_orphans(
         done["orphans"] += 1
         done["bytes"] += size
     return done
+
+
+def unreferenced_files(tbl: Table, s3: S3Connection | None = None) -> list[tuple[str, int, float]]:
+    """``(uri, size, mtime)`` of every file under ``tbl``'s location that nothing
+    :func:`referenced_paths` names (of any age)."""
+    referenced = referenced_paths(tbl)
+    return [f for f in list_files(tbl.metadata.location, s3) if _norm(f[0]) not in referenced]
 
 
 def list_files(location: str, s3: S3Connection | None = None) -> Iterator[tuple[str, int, float]]:
