@@ -9,8 +9,9 @@ rerun finishes (and never a table that reads differently):
    key, into files of about ``target_file_bytes``; manifests rewritten into one per
    partition spec plus one of the new files (operation ``replace``: same rows).
 2. **Expire** (:mod:`.expire`): snapshots older than ``retention_s``, except branch
-   and tag heads, snapshots named in ``keep`` (what registered versions read) and the
-   newest ``retain_last`` of ``main``.
+   and tag heads, snapshots named in ``keep`` (what registered versions read), the
+   newest ``retain_last`` of ``main``, and what near-duplicate link events need
+   (:mod:`.links`).
 3. **Orphans** (:mod:`.orphans`): files no live snapshot references, older than
    ``orphan_age_s``.
 
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from catalog.errors import InvalidInput
 from catalog.maintenance.compact import compact_table
 from catalog.maintenance.expire import expire_table
+from catalog.maintenance.links import keep_for_events
 from catalog.maintenance.orphans import remove_orphans
 from catalog.maintenance.stats import table_stats
 from catalog.objects.s3_client import S3Connection
@@ -100,7 +102,13 @@ def maintain(
     tables: dict[str, Any] = {}
     for i, name in enumerate(names):
         report(f"maintain {name}", i / len(names))
-        tables[name] = _maintain_table(catalog, name, keep.get(name, set()), options, s3)
+        kept = set(keep.get(name, set()))
+        if name in ("assets", "asset_events"):
+            links = keep_for_events(
+                catalog.iceberg_table("assets"), catalog.iceberg_table("asset_events")
+            )
+            kept |= links[name]
+        tables[name] = _maintain_table(catalog, name, kept, options, s3)
     report("maintain", 1.0)
     return {"tables": tables, "totals": _totals(tables)}
 

@@ -142,3 +142,19 @@ def test_bad_options_are_refused(kw: dict[str, Any], field: str) -> None:
     with pytest.raises(InvalidInput) as err:
         MaintainOptions(**kw)
     assert err.value.details["field"] == field
+
+
+def test_expiry_keeps_the_events_commit_of_every_planned_assets_snapshot(
+    lake: VidlakeCatalog,
+) -> None:
+    # An events commit expired while its assets snapshot lives would look missing to
+    # the next ingest, which would append the link events a second time.
+    events_before = lake.scan("asset_events", include_eval=True).num_rows
+    assert events_before > 0  # the corpus has near-duplicates
+    asset = lake.scan("assets", columns=["asset_id"])["asset_id"][0].as_py()
+    lake.add_asset_events([{"asset_id": asset, "event": "quarantined", "reason": "test"}])
+    maintain(lake, {}, NOW)
+    assert len(lake.snapshot_ids("asset_events")) == 2
+    reopened = VidlakeCatalog.open(lake.config)  # a fresh process's view of the keys
+    reopened.add_asset_events([{"asset_id": asset, "event": "released", "reason": "test"}])
+    assert reopened.scan("asset_events", include_eval=True).num_rows == events_before + 2
