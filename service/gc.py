@@ -15,10 +15,14 @@ Four kinds, each reported, deleted only with ``apply`` (a dry run by default):
     ``upload_age_s`` ago (their parts are invisible but billed).
 ``objects``
     stored objects no registered version (its artifacts, and every latent and text
-    embedding its index names), pinned or not, and no catalog row (``latents``,
-    ``captions`` at the current snapshot: tables are append-only) references, and
-    that are older than ``object_age_s`` (a producer uploads objects before it
-    ingests the rows naming them, a cutter before it claims a version).
+    embedding its index names), pinned or not, no restore spec (the catalog files a
+    sealed bucket restores from) and no catalog row (``latents``, ``captions`` at the
+    current snapshot: tables are append-only) references, and that are older than
+    ``object_age_s`` (a producer uploads objects before it ingests the rows naming
+    them, a cutter before it claims a version). Objects ``vidlake storage upload``
+    sent for an inventory not sealed yet are referenced only by local receipts: seal
+    before running gc with ``apply`` on that bucket, or keep ``object_age_s`` longer
+    than upload-to-seal.
 
 The cheap part (``cut_dirs`` and ``tmp_files`` of dead processes) runs at service
 start (:func:`clean_dead_temp`).
@@ -27,6 +31,7 @@ start (:func:`clean_dead_temp`).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -48,6 +53,7 @@ from catalog.objects.s3 import S3ObjectStore
 from catalog.objects.s3_client import guarded
 from catalog.objects.s3_listing import list_under
 from manifests.ipc import read_columns
+from manifests.storage.seal import SPEC_PREFIX
 
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog
@@ -229,10 +235,32 @@ def referenced_objects(catalog: VidlakeCatalog, registry: Registry) -> set[str]:
         with registry.local_artifact(version, "index.arrow") as path:
             for column in read_columns(path, ["object_sha256", "text_embedding_sha256"]):
                 refs.update(v for v in pc.unique(column).to_pylist() if v)
+    refs |= _sealed_objects(catalog.objects)
     for table, column in (("latents", "object_sha256"), ("captions", "text_embedding_sha256")):
         rows = catalog.scan(table, columns=[column], include_eval=True)[column]
         refs.update(v for v in pc.unique(rows).to_pylist() if v)
     return refs
+
+
+def _sealed_objects(store: ObjectStore) -> set[str]:
+    """Every SHA-256 a restore spec (``vidlake storage seal``) names: the catalog files
+    and registry entries a restore from the bucket reads."""
+    found: set[str] = set()
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if k == "sha256" and is_sha256(v):
+                    found.add(v)
+                else:
+                    walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    for key in store.list_keys(SPEC_PREFIX):
+        walk(json.loads(store.get_key(key)))
+    return found
 
 
 def remove_unreferenced(

@@ -147,7 +147,11 @@ def test_gc_removes_only_debris_and_only_with_apply(lake: Lake, tmp_path: Path) 
     _age(tmp_dead, 600)
     old = lake.catalog.objects.put_bytes(b"an object nothing names").info.sha256
     young = lake.catalog.objects.put_bytes(b"an object just uploaded").info.sha256
-    _age(lake.catalog.objects.object_path(old), 30 * 86400)  # type: ignore[attr-defined]
+    sealed = lake.catalog.objects.put_bytes(b"a catalog file a restore reads").info.sha256
+    spec = {"files": {"catalog.db": {"sha256": sealed, "size": 30}}}
+    lake.catalog.objects.put_key("restore-specs/test.json", json.dumps(spec).encode())
+    for sha in (old, sealed):
+        _age(lake.catalog.objects.object_path(sha), 30 * 86400)  # type: ignore[attr-defined]
     options = GcOptions(workdir=str(work), object_age_s=86400)
     dry = run_gc(lake.catalog, lake.registry, options)
     assert dry["cut_dirs"]["count"] == 1 and dry["tmp_files"]["count"] == 1
@@ -157,6 +161,7 @@ def test_gc_removes_only_debris_and_only_with_apply(lake: Lake, tmp_path: Path) 
     assert done["objects"]["count"] == 1 and done["objects"]["young"] >= 1
     assert not stale.exists() and live.exists() and not tmp_dead.exists()
     assert not lake.catalog.objects.exists(old) and lake.catalog.objects.exists(young)
+    assert lake.catalog.objects.exists(sealed)
     for version in lake.registry.versions():
         for ref in lake.registry.get(version).artifacts.values():
             assert lake.catalog.objects.exists(ref.sha256)
