@@ -22,6 +22,7 @@ router = APIRouter(prefix="/v1", tags=["maintenance"])
 
 _ERR = {"model": ErrorResponse}
 _DAY = 86400.0
+_MAX_S = 100 * 365 * _DAY  # a century: bounds every age and retention
 
 
 class MaintenanceCreate(BaseModel):
@@ -29,9 +30,13 @@ class MaintenanceCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    retention_s: float = Field(7 * _DAY, ge=0, description="Expire snapshots older than this")
+    retention_s: float = Field(
+        7 * _DAY, ge=0, le=_MAX_S, description="Expire snapshots older than this"
+    )
     retain_last: int = Field(1, ge=1, le=10_000, description="Newest snapshots always kept")
-    orphan_age_s: float = Field(_DAY, ge=0, description="Unreferenced files younger stay")
+    orphan_age_s: float = Field(
+        _DAY, ge=0, le=_MAX_S, description="Unreferenced files younger stay"
+    )
     target_file_bytes: int = Field(
         128 * 2**20, ge=2**16, le=2**34, description="Size compacted files aim at"
     )
@@ -53,9 +58,13 @@ class GcCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     apply: bool = Field(False, description="Delete (default: report only)")
-    tmp_age_s: float = Field(_DAY, ge=0, description="Temp files older than this go")
-    upload_age_s: float = Field(_DAY, ge=0, description="Multipart uploads older are aborted")
-    object_age_s: float = Field(7 * _DAY, ge=0, description="Unreferenced objects younger stay")
+    tmp_age_s: float = Field(_DAY, ge=0, le=_MAX_S, description="Temp files older than this go")
+    upload_age_s: float = Field(
+        _DAY, ge=0, le=_MAX_S, description="Multipart uploads older are aborted"
+    )
+    object_age_s: float = Field(
+        7 * _DAY, ge=0, le=_MAX_S, description="Unreferenced objects younger stay"
+    )
 
     def options(self) -> GcOptions:
         return GcOptions(

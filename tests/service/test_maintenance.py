@@ -101,7 +101,13 @@ def _poll(client: TestClient, job_id: str, timeout: float = 300.0) -> dict[str, 
 
 @pytest.mark.parametrize(
     "body",
-    [{"retention_s": -1}, {"bogus": 1}, {"tables": ["nope"]}, {"target_file_bytes": 5}],
+    [
+        {"retention_s": -1},
+        {"retention_s": 1e308},
+        {"bogus": 1},
+        {"tables": ["nope"]},
+        {"target_file_bytes": 5},
+    ],
 )
 def test_bad_maintenance_requests_are_422(client: TestClient, body: dict[str, Any]) -> None:
     assert_error(client.post("/v1/maintenance", json=body), 422)
