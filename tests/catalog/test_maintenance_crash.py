@@ -21,7 +21,7 @@ from service.demo.corpus import generate_corpus
 from tests.catalog.test_maintenance import small_commits
 
 REPO = Path(__file__).resolve().parents[2]
-TRIALS = 5
+TRIALS = 6
 TABLES = ("scores", "clips", "latents", "assets")
 
 
@@ -63,13 +63,13 @@ def test_kill_9_during_maintain_never_changes_a_read(tmp_path: Path) -> None:
         expected = {t: _rows(catalog, t) for t in TABLES}
         proc = _child(tmp_path / "config.json", pin)
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.0, 1.5))
+        time.sleep(rng.uniform(0.0, 0.5))  # a run takes ~1 s once ready
         proc.kill()
         killed += proc.wait() == -9
         for t in TABLES:
             assert _rows(catalog, t).equals(expected[t]), (trial, t)
             assert _rows(catalog, t, pin).equals(pinned[t]), (trial, t)
-    assert killed >= TRIALS // 2
+    assert killed >= TRIALS // 2, killed
     final = _child(tmp_path / "config.json", pin)
     out, _ = final.communicate(timeout=300)
     assert final.returncode == 0 and out.split() == ["ready", "done"]
