@@ -114,7 +114,9 @@ def cut_snapshot(
     """
     report = progress or (lambda stage, fraction: None)
     check_plan_fits(recipe, workdir or tempfile.gettempdir())
-    with tempfile.TemporaryDirectory(prefix="vidlake-cut-", dir=workdir) as tmp:
+    # The pid in the name lets ``vidlake gc`` find the folders of killed cutters.
+    prefix = f"vidlake-cut-{os.getpid()}-"
+    with tempfile.TemporaryDirectory(prefix=prefix, dir=workdir) as tmp:
         artifacts, snapshot = build_artifacts(catalog, recipe, Path(tmp), progress=report, pin=pin)
         report("publish", 0.0)
         record = registry.publish(artifacts, snapshot, parent=registry.next_parent())

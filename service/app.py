@@ -3,9 +3,10 @@
 ``uvicorn service.app:app`` serves the app built from :func:`get_settings`; the
 module attribute ``app`` is built on first access, so that importing this module
 reads no settings and opens nothing. The catalog, registry and job store are
-opened on first use (:class:`service.deps.Services`); the lifespan only checks that
-an open (token-less) API is bound to loopback (the ``host`` setting and the sockets
-the process listens on, :mod:`service.loopback`), and on shutdown lets running jobs
+opened on first use (:class:`service.deps.Services`); the lifespan removes temp
+files of dead processes (:func:`service.gc.startup_clean`), checks that an open
+(token-less) API is bound to loopback (the ``host`` setting and the sockets the
+process listens on, :mod:`service.loopback`), and on shutdown lets running jobs
 finish. In open mode every request from a non-loopback client is a 403, however the
 app was started.
 """
@@ -28,6 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from catalog.errors import VidlakeError
 from service.deps import CutFn, Services
 from service.errors import PayloadTooLarge, install_error_handlers
+from service.gc import startup_clean
 from service.loopback import OpenModeGuard, check_listening, watch_listening
 from service.metrics import MetricsMiddleware
 from service.routers import (
@@ -37,6 +39,7 @@ from service.routers import (
     ingest,
     jobs,
     lineage,
+    maintenance,
     objects,
     plans,
     schemas,
@@ -143,6 +146,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services.check_startup()
+        await asyncio.to_thread(startup_clean, services)
         check_listening(is_open())
         watcher = asyncio.create_task(watch_listening(is_open))
         try:
@@ -167,6 +171,7 @@ def create_app(
         plans,
         schemas,
         erasures,
+        maintenance,
         jobs,
         sql,
         lineage,

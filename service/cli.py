@@ -24,7 +24,14 @@ from typing import Annotated
 import typer
 
 from catalog.errors import VidlakeError
-from service import cli_catalog, cli_objects, cli_query, cli_schema, cli_snapshots
+from service import (
+    cli_catalog,
+    cli_maintain,
+    cli_objects,
+    cli_query,
+    cli_schema,
+    cli_snapshots,
+)
 from service.cli_cache import cache_app
 from service.cli_common import JsonOpt, emit, err, out
 from service.cli_examples import attach as attach_examples
@@ -121,6 +128,7 @@ for _command in (
     *cli_snapshots.COMMANDS,
     *cli_query.COMMANDS,
     *cli_schema.COMMANDS,
+    *cli_maintain.COMMANDS,
 ):
     app.command()(_command)
 

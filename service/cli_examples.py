@@ -52,6 +52,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "lineage": (f"vidlake lineage CLIP_ID {_URL}   # scope: read",),
     "step": (f"vidlake step 3 5000 {_URL}   # scope: read",),
     "jobs": (f"vidlake jobs {_URL}   # scope: read",),
+    "maintain": (f"vidlake maintain {_URL}   # scope: admin",),
+    "gc": ("vidlake gc", f"vidlake gc --apply {_URL}   # scope: admin"),
     "demo": ("vidlake demo --assets 300",),
     "cache stats": ("vidlake cache stats --dir /local/nvme/vidlake-cache",),
     "cache verify": ("vidlake cache verify --dir /local/nvme/vidlake-cache",),

@@ -199,6 +199,20 @@ class Client(Protocol):
         lake's own read of it fails (Conflict when it verifies)."""
         ...
 
+    def maintain(
+        self, options: dict[str, Any] | None = None, *, progress: Progress | None = None
+    ) -> dict[str, Any]:
+        """Run lake maintenance and wait for its report; ``options`` as
+        ``MaintenanceCreate``."""
+        ...
+
+    def gc(
+        self, options: dict[str, Any] | None = None, *, progress: Progress | None = None
+    ) -> dict[str, Any]:
+        """Find (with ``apply``, delete) crash debris and wait for the report;
+        ``options`` as ``GcCreate``."""
+        ...
+
     def close(self) -> None:
         """Release what the client holds (connections, the embedded catalog)."""
         ...
@@ -504,6 +518,20 @@ class HttpClient:
 
     def report_corrupt_member(self, report: dict[str, Any]) -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", "/v1/corrupt-members", json=report)
+        return result
+
+    def maintain(
+        self, options: dict[str, Any] | None = None, *, progress: Progress | None = None
+    ) -> dict[str, Any]:
+        job = self._call("POST", "/v1/maintenance", json=options or {})
+        result: dict[str, Any] = wait_for_job(self.job, job["id"], progress)
+        return result
+
+    def gc(
+        self, options: dict[str, Any] | None = None, *, progress: Progress | None = None
+    ) -> dict[str, Any]:
+        job = self._call("POST", "/v1/gc", json=options or {})
+        result: dict[str, Any] = wait_for_job(self.job, job["id"], progress)
         return result
 
     def close(self) -> None:

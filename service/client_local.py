@@ -268,6 +268,28 @@ class LocalClient:
             raise InvalidInput(f"not a corrupt-member report: {exc}") from None
         return report_member(self.services, self._caller(), body)
 
+    def maintain(
+        self, options: dict[str, Any] | None = None, *, progress: Progress | None = None
+    ) -> dict[str, Any]:
+        from service.maintenance import submit_maintenance
+        from service.routers.maintenance import MaintenanceCreate
+
+        body = _body(MaintenanceCreate, **(options or {}))
+        job = submit_maintenance(self.services, body.options(), by=None)
+        result: dict[str, Any] = wait_for_job(self.job, job.id, progress)
+        return result
+
+    def gc(
+        self, options: dict[str, Any] | None = None, *, progress: Progress | None = None
+    ) -> dict[str, Any]:
+        from service.gc import submit_gc
+        from service.routers.maintenance import GcCreate
+
+        body = _body(GcCreate, **(options or {}))
+        job = submit_gc(self.services, body.options(), by=None)
+        result: dict[str, Any] = wait_for_job(self.job, job.id, progress)
+        return result
+
     def close(self) -> None:
         if self._owns:
             self.services.close()

@@ -18,9 +18,11 @@ Per table, :func:`erase_rows` runs three idempotent moves:
    references is deleted. A path still referenced (an attempt that never committed) is
    kept, so a crash at any point leaves files a rerun finds and removes.
 
-Looking at the current snapshot's files is enough: tables are append-only, so every
-file an older snapshot names is also in the current one, unless an erasure replaced
-it — and then that erasure expired every snapshot naming it. Snapshots older than the
+Tables are append-only, so nearly every file an older snapshot names is also in the
+current one; the exceptions are files an erasure replaced (that erasure expired every
+snapshot naming them) and small files compaction replaced
+(:mod:`catalog.maintenance.compact`), which kept snapshots still name: those holding a
+row to drop are found too, their snapshots expired and the files purged. Snapshots older than the
 asset's first row do not reference its files and stay; pins
 at an expired snapshot can no longer time-travel (the erasure's audit record lists
 them). Older ``metadata.json`` files stay: they hold snapshot summaries and paths,
@@ -110,10 +112,11 @@ def erase_rows(
     for _ in range(_ATTEMPTS):
         tbl = tbl_loader()
         bad = _bad_files(tbl, spec)
-        if not bad:
+        stale = _stale_bad_files(tbl, spec, {f.file_path for f in bad})
+        if not bad and not stale:
             break
         with contextlib.suppress(CommitFailedException):  # main moved: re-read, redo
-            _rewrite(tbl, spec, bad, store, eid)
+            _rewrite(tbl, spec, bad, store, eid, stale)
     else:
         raise Conflict(
             f"could not rewrite {spec.name}: main kept moving ({_ATTEMPTS} attempts)",
@@ -134,6 +137,30 @@ def _bad_files(tbl: Table, spec: TableErasure) -> list[DataFile]:
         if rows.num_rows and bool(pa.compute.any(spec.touched(rows)).as_py()):
             bad.append(task.file)
     return bad
+
+
+def _stale_bad_files(tbl: Table, spec: TableErasure, current_bad: set[str]) -> set[str]:
+    """Files holding a row to drop that only older snapshots name (compaction replaced
+    them in the current one: :mod:`catalog.maintenance.compact`); their snapshots are
+    expired and the files purged, nothing is rewritten."""
+    current = tbl.metadata.current_snapshot()
+    if current is None:
+        return set()
+    live = {t.file.file_path for t in tbl.scan().plan_files()}
+    keys = tbl.schema().select(*spec.key_columns)
+    seen, stale = set(live) | current_bad, set()
+    for snap in tbl.metadata.snapshots:
+        if snap.snapshot_id == current.snapshot_id:
+            continue
+        for task in tbl.scan(snapshot_id=snap.snapshot_id, row_filter=spec.expr).plan_files():
+            path = task.file.file_path
+            if path in seen:
+                continue
+            seen.add(path)
+            rows = ArrowScan(tbl.metadata, tbl.io, keys, AlwaysTrue()).to_table([task])
+            if rows.num_rows and bool(pa.compute.any(spec.touched(rows)).as_py()):
+                stale.add(path)
+    return stale
 
 
 # -- 2. rewrite + expire -----------------------------------------------------------------
@@ -168,11 +195,16 @@ class _Walk:
 
 
 def _rewrite(
-    tbl: Table, spec: TableErasure, bad: list[DataFile], store: ObjectStore, eid: str
+    tbl: Table,
+    spec: TableErasure,
+    bad: list[DataFile],
+    store: ObjectStore,
+    eid: str,
+    stale: frozenset[str] | set[str] = frozenset(),
 ) -> None:
     meta = tbl.metadata
     walk = _Walk(tbl)
-    bad_paths = {f.file_path for f in bad}
+    bad_paths = {f.file_path for f in bad} | stale
     bad_manifests = walk.manifests_naming(bad_paths)
     expired = sorted(
         sid
