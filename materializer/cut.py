@@ -27,6 +27,10 @@ that selects nothing fails with :func:`nothing_selected`'s breakdown.
 ``lineage.arrow`` answers "which steps served this row" in O(1): one record per
 manifest row (``row``, ``steps: large_list<int64>``), built by one stable argsort over the
 flattened plan. It is uncompressed Arrow IPC, so the service memory-maps it.
+
+Why this module is a little over 500 lines: the cut's stages (pin, selection, plan,
+artifacts, publication) are public so the dry run (:mod:`materializer.dry_run`) reuses
+them; each is short, and splitting them would scatter one pipeline.
 """
 
 from __future__ import annotations
