@@ -6,8 +6,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Versions that were tested together; pip resolves within them.
 CONSTRAINTS := constraints.txt
-# The DuckDB release the iceberg/avro extension packages of constraints.txt are built
-# for (older than the project's DuckDB): the test reader runs it from its own folder.
+# The independent Iceberg reader of tests/catalog/test_duckdb_reader.py: DuckDB's
+# iceberg/avro extension packages and the DuckDB release they are built for (older than
+# the project's, and pinned by them), in a folder of their own beside the venv.
 DUCKDB_READER := 1.5.5
 
 .DEFAULT_GOAL := help
@@ -22,7 +23,9 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	# torch first, pinned: a bare `torch` would pull a multi-GB CUDA build.
 	$(BIN)/python -m pip install -q "torch==2.13.0"
 	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e ".[dev]"
-	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/duckdb-reader "duckdb==$(DUCKDB_READER)"
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(VENV)/duckdb-reader \
+	  "duckdb==$(DUCKDB_READER)" "duckdb-extension-iceberg==$(DUCKDB_READER)" \
+	  "duckdb-extension-avro==$(DUCKDB_READER)"
 	@touch $(STAMP)
 
 venv: $(STAMP) ## create .venv and install vidlake with every extra

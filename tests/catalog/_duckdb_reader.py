@@ -41,24 +41,26 @@ class Reader:
 
 
 def find_reader() -> Reader | str:
-    """The reader this machine has, or why there is none (a skip reason)."""
+    """The reader this machine has, or why there is none (a skip reason).
+
+    ``make venv`` installs the extension packages and the DuckDB release they are built
+    for into their own folder (``.venv/duckdb-reader``, or ``VIDLAKE_DUCKDB_READER``):
+    their pins (``duckdb==<release>``) conflict with the project's DuckDB."""
     import duckdb
 
-    try:
-        import duckdb_extension_avro
-        import duckdb_extension_iceberg
-    except ImportError:
-        return "pip install duckdb-extension-iceberg duckdb-extension-avro (the dev extra)"
+    side = Path(os.environ.get("VIDLAKE_DUCKDB_READER") or Path(sys.prefix) / "duckdb-reader")
     files = []
-    for module, name in ((duckdb_extension_avro, "avro"), (duckdb_extension_iceberg, "iceberg")):
-        found = sorted((Path(module.__file__ or "").parent / "extensions").glob(f"v*/{name}.*"))
+    for name in ("avro", "iceberg"):
+        found = sorted(side.glob(f"duckdb_extension_{name}/extensions/v*/{name}.*"))
         if not found:
-            return f"{module.__name__} ships no {name} extension file"
+            return (
+                f"no {name} extension under {side}: pip install --no-deps --target {side} "
+                f"duckdb-extension-{name} (make venv does)"
+            )
         files.append(found[-1])
     release = files[-1].parent.name.removeprefix("v")
     if duckdb.__version__ == release:
         return Reader(tuple(map(str, files)), None)
-    side = Path(os.environ.get("VIDLAKE_DUCKDB_READER") or Path(sys.prefix) / "duckdb-reader")
     if not (side / f"duckdb-{release}.dist-info").is_dir():
         return (
             f"the iceberg extension is built for DuckDB {release} (this one is "
