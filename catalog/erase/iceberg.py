@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -46,7 +46,6 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
-    write_manifest,
     write_manifest_list,
 )
 from pyiceberg.table import FileScanTask, Table, TableProperties
@@ -69,6 +68,7 @@ from catalog._append import _key, _write_data_file
 from catalog.coerce import conform
 from catalog.erase.records import attempt_keys, get_record, put_once, record_key
 from catalog.errors import Conflict, StorageError
+from catalog.iceberg_files import existing_entry, remove_files, write_manifest_file
 from catalog.objects.base import ObjectStore
 
 __all__ = ["TableErasure", "erase_rows"]
@@ -246,12 +246,12 @@ def _rewrite(
             },
         )
     except BaseException:
-        _remove(tbl, written)
+        remove_files(tbl, written)
         raise
     try:
         response = tbl.catalog.commit_table(tbl, requirements, updates)
     except CommitFailedException:
-        _remove(tbl, written)
+        remove_files(tbl, written)
         raise
     tbl.metadata = response.metadata
     tbl.metadata_location = response.metadata_location
@@ -320,14 +320,14 @@ def _commit_plan(
         ]
         if live:
             manifests.append(
-                _write(
+                write_manifest_file(
                     tbl,
                     f"{commit}-r{i}.avro",
                     m.partition_spec_id,
                     snapshot_id,
                     codec,
                     written,
-                    [_existing(e) for e in live],
+                    [existing_entry(e) for e in live],
                 )
             )
     if new_files:
@@ -342,7 +342,7 @@ def _commit_plan(
             for f in new_files
         ]
         manifests.append(
-            _write(
+            write_manifest_file(
                 tbl, f"{commit}-m0.avro", meta.default_spec_id, snapshot_id, codec, written, added
             )
         )
@@ -384,41 +384,6 @@ def _commit_plan(
     return updates, (requirement,), snapshot_id
 
 
-def _existing(e: ManifestEntry) -> ManifestEntry:
-    return ManifestEntry.from_args(
-        status=ManifestEntryStatus.EXISTING,
-        snapshot_id=e.snapshot_id,
-        sequence_number=e.sequence_number,
-        file_sequence_number=e.file_sequence_number,
-        data_file=e.data_file,
-    )
-
-
-def _write(
-    tbl: Table,
-    name: str,
-    spec_id: int,
-    snapshot_id: int,
-    codec: str,
-    written: list[str],
-    entries: Iterable[ManifestEntry],
-) -> ManifestFile:
-    meta = tbl.metadata
-    path = tbl.location_provider().new_metadata_location(name)
-    written.append(path)
-    with write_manifest(
-        format_version=meta.format_version,
-        spec=meta.specs()[spec_id],
-        schema=meta.schema(),
-        output_file=tbl.io.new_output(path),
-        snapshot_id=snapshot_id,
-        avro_compression=codec,  # type: ignore[arg-type]
-    ) as writer:
-        for entry in entries:
-            writer.add(entry)
-    return writer.to_manifest_file()
-
-
 def _summary(
     tbl: Table, bad: list[DataFile], new: list[DataFile], previous: Summary | None, eid: str
 ) -> Summary:
@@ -435,12 +400,6 @@ def _summary(
         ),
         previous_summary=previous,
     )
-
-
-def _remove(tbl: Table, paths: list[str]) -> None:
-    for path in paths:
-        with contextlib.suppress(Exception):
-            tbl.io.delete(path)
 
 
 # -- 3. purge ----------------------------------------------------------------------------

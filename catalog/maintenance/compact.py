@@ -16,10 +16,8 @@ orphans: :mod:`catalog.maintenance.orphans` removes them after its safety age.
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable
 from typing import Any
 
 from pyiceberg.exceptions import CommitFailedException
@@ -31,7 +29,6 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
-    write_manifest,
     write_manifest_list,
 )
 from pyiceberg.table import FileScanTask, Table, TableProperties
@@ -46,6 +43,7 @@ from pyiceberg.table.snapshots import (
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
 
 from catalog._append import _key, _write_data_file
+from catalog.iceberg_files import existing_entry, remove_files, write_manifest_file
 
 __all__ = ["PROP_MAINTENANCE", "compact_table"]
 
@@ -85,10 +83,10 @@ def compact_table(
         kept = [e for e in entries if e.data_file.file_path not in old]
         sid = _commit(tbl, kept, [f for g in groups for f in g], new_files, written)
     except CommitFailedException:
-        _remove(tbl, written)
+        remove_files(tbl, written)
         return {**done, "conflict": True}
     except BaseException:
-        _remove(tbl, written)
+        remove_files(tbl, written)
         raise
     after = 0 if not kept else len({e.data_file.spec_id for e in kept})
     return {
@@ -173,15 +171,17 @@ def _commit(
     manifests: list[ManifestFile] = []
     by_spec: dict[int, list[ManifestEntry]] = defaultdict(list)
     for e in kept:
-        by_spec[e.data_file.spec_id].append(_existing(e))
+        by_spec[e.data_file.spec_id].append(existing_entry(e))
     for spec_id, group in sorted(by_spec.items()):
         name = f"{commit}-k{spec_id}.avro"
-        manifests.append(_manifest(tbl, name, spec_id, snapshot_id, codec, written, group))
+        manifests.append(
+            write_manifest_file(tbl, name, spec_id, snapshot_id, codec, written, group)
+        )
     if added:
         new = [_added(snapshot_id, f) for f in added]
         name = f"{commit}-m0.avro"
         manifests.append(
-            _manifest(tbl, name, meta.default_spec_id, snapshot_id, codec, written, new)
+            write_manifest_file(tbl, name, meta.default_spec_id, snapshot_id, codec, written, new)
         )
     sequence_number = meta.next_sequence_number()
     list_path = tbl.location_provider().new_metadata_location(f"snap-{snapshot_id}-0-{commit}.avro")
@@ -217,16 +217,6 @@ def _commit(
     return snapshot_id
 
 
-def _existing(e: ManifestEntry) -> ManifestEntry:
-    return ManifestEntry.from_args(
-        status=ManifestEntryStatus.EXISTING,
-        snapshot_id=e.snapshot_id,
-        sequence_number=e.sequence_number,
-        file_sequence_number=e.file_sequence_number,
-        data_file=e.data_file,
-    )
-
-
 def _added(snapshot_id: int, f: DataFile) -> ManifestEntry:
     return ManifestEntry.from_args(
         status=ManifestEntryStatus.ADDED,
@@ -235,31 +225,6 @@ def _added(snapshot_id: int, f: DataFile) -> ManifestEntry:
         file_sequence_number=None,
         data_file=f,
     )
-
-
-def _manifest(
-    tbl: Table,
-    name: str,
-    spec_id: int,
-    snapshot_id: int,
-    codec: str,
-    written: list[str],
-    entries: Iterable[ManifestEntry],
-) -> ManifestFile:
-    meta = tbl.metadata
-    path = tbl.location_provider().new_metadata_location(name)
-    written.append(path)
-    with write_manifest(
-        format_version=meta.format_version,
-        spec=meta.specs()[spec_id],
-        schema=meta.schema(),
-        output_file=tbl.io.new_output(path),
-        snapshot_id=snapshot_id,
-        avro_compression=codec,  # type: ignore[arg-type]
-    ) as writer:
-        for entry in entries:
-            writer.add(entry)
-    return writer.to_manifest_file()
 
 
 def _summary(
@@ -278,9 +243,3 @@ def _summary(
         summary=Summary(operation=Operation.OVERWRITE, **props), previous_summary=previous
     )
     return Summary(operation=Operation.REPLACE, **summary.additional_properties)
-
-
-def _remove(tbl: Table, paths: list[str]) -> None:
-    for path in paths:
-        with contextlib.suppress(Exception):
-            tbl.io.delete(path)
