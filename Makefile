@@ -34,7 +34,7 @@ demo: $(STAMP) ## run the end-to-end demo on the embedded default (./.vidlake/)
 	$(BIN)/vidlake demo
 
 test: $(STAMP) browser ## run the whole test suite (starts its own S3 server and PostgreSQL)
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## the suite without slow, s3 and postgres tests
 	$(BIN)/python -m pytest -q -m "not slow and not s3 and not postgres" $(PYTEST_ARGS)
