@@ -18,7 +18,7 @@ from catalog.erase import erasure_id, get_erasure
 from tests.catalog.test_erase import NO_HITS, Lake, lake_hits
 
 REPO = Path(__file__).resolve().parents[2]
-MIN_KILLS = 40
+MIN_KILLS = 30
 KILLS_PER_TRIAL = 6
 
 

@@ -29,7 +29,7 @@ from tests.catalog import _crash_ingester as child
 
 pytestmark = pytest.mark.slow
 
-KILLS = 40
+KILLS = 24
 ROUNDS = 400  # more than any run reaches before its kill
 MAX_DELAY_S = 0.6
 
