@@ -47,33 +47,34 @@ def _ms(times: list[float], q: float) -> float:
 def run(clips: int, queries: int, home: Path) -> dict[str, Any]:
     import duckdb
     import service_load
-    from fastapi.testclient import TestClient
 
-    from service.app import create_app
+    from catalog.catalog import VidlakeCatalog
+    from catalog.config import CatalogConfig
+    from manifests.registry import Registry
     from service.lineage import clip_lineage
-    from service.settings import Settings
+    from service.snapshot_reader import SnapshotReader
+    from service.sql import CatalogViews
 
     t0 = time.perf_counter()
     seeded = service_load.seed(home, clips, steps=max(16, clips // 256), batch=256)
     seed_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
     ids = [seeded["clips"][i] for i in rng.integers(0, len(seeded["clips"]), queries)]
-    app = create_app(Settings(home=home))
-    with TestClient(app, client=("127.0.0.1", 1)):
-        svc: Any = app.state.services
-        pin = svc.pin()
+    # What the service's dependencies hold (service/deps.py), without the HTTP layer.
+    with VidlakeCatalog.open(CatalogConfig.embedded(home)) as catalog:
+        views = CatalogViews(catalog)
+        reader = SnapshotReader(Registry(catalog.objects), home / "service" / "artifacts")
+        pin = catalog.pin()
 
         def one(clip: str) -> float:
             t = time.perf_counter()
-            out = clip_lineage(svc.views, svc.reader, clip, pin=pin, sees_eval=True)
+            out = clip_lineage(views, reader, clip, pin=pin, sees_eval=True)
             assert out["clip"]["clip_id"] == clip and out["snapshots"], clip
             return time.perf_counter() - t
 
         first = one(ids[0])
         ours = [one(c) for c in ids]
-        files = [
-            str(p) for p in sorted((home / "warehouse").rglob("*.parquet")) if "/clips/" in str(p)
-        ]
+    files = [str(p) for p in sorted((home / "warehouse").rglob("*.parquet")) if "/clips/" in str(p)]
     con = duckdb.connect()
     query = "SELECT * FROM read_parquet(?) WHERE clip_id = ?"
     con.execute(query, [files, ids[0]]).fetchall()

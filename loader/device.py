@@ -12,7 +12,9 @@ stream while the consumer still reads it. Pinned blocks come from torch's cachin
 allocator, which keeps a block until the copies that read it have completed.
 
 Non-tensor values (ids, captions, counts) pass through; lists, tuples and dicts are
-walked. The ring holds ``k + 1`` batches of device memory at most.
+walked. The ring holds ``k + 1`` batches of device memory at most. A tensor already
+pinned (a DataLoader with ``pin_memory=True`` pins in its own thread) is copied as it
+is; any other is first copied into pinned memory, on the consumer's thread.
 
 Without CUDA (or for ``device="cpu"``) there is no ring: one log line says so, and the
 batches come through as ordinary CPU tensors. Another device type (``mps``, ``xpu``)
