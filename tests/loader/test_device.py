@@ -226,3 +226,24 @@ def test_another_device_type_gets_a_plain_move(caplog: pytest.LogCaptureFixture)
     assert [b["latent"].device.type for b in out] == ["meta", "meta"]
     assert out[1]["extra"][0].device.type == "meta" and out[1]["step"] == 1
     assert "plain .to(meta)" in caplog.records[-1].getMessage()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path")
+def test_the_benchmark_says_it_skipped_without_cuda() -> None:
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "gpu_prefetch.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    (line,) = out.stdout.splitlines()
+    assert json.loads(line) == {
+        "benchmark": "gpu_prefetch",
+        "skipped": f"CUDA is not available (torch {torch.__version__})",
+    }
