@@ -60,6 +60,7 @@ from loader.decode import (
     sniff_format,
     trim_frames,
 )
+from loader.device import check_device, prefetch_to_device
 from loader.plan import PlanReader, StepInfo, open_plan
 from loader.source import SnapshotSource, open_source
 
@@ -108,6 +109,11 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         on_corrupt: ``"skip"`` drops a row whose member's stored bytes fail their
             SHA-256 (counted in ``batch["corrupt"]``), ``"fail"`` raises
             :class:`ChecksumMismatch`; both record it for quarantine (:mod:`loader.corrupt`).
+        prefetch_to_device: batches copied to ``device`` ahead of the consumer, from
+            pinned memory on a side CUDA stream (:mod:`loader.device`; 0: off). Done in
+            the training process: by this dataset's own iterator, or by
+            :class:`StatefulLoader` when DataLoader workers produce the batches.
+        device: the target of ``prefetch_to_device`` (default ``cuda``).
     """
 
     def __init__(
@@ -131,6 +137,8 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         endpoint_url: str | None = None,
         path_style: bool | None = None,
         on_corrupt: OnCorrupt = "skip",
+        prefetch_to_device: int = 0,
+        device: str | torch.device | None = None,
     ) -> None:
         super().__init__()
         if world_size < 1 or not 0 <= rank < world_size:
@@ -153,6 +161,8 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         self.cache_full_wait_s = cache_full_wait_s
         self.text_embeddings = text_embeddings
         self.on_corrupt = check_policy(on_corrupt)
+        self.device = check_device(prefetch_to_device, device)
+        self.prefetch_to_device = prefetch_to_device
         self._source_kw = {"token": token, "endpoint_url": endpoint_url, "path_style": path_style}
         self._next_step = start_step
         self._plan: PlanReader | None = None
@@ -284,7 +294,20 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         steps = range(self._next_step + worker, self._end(), workers)
-        return self._iterate(steps, track=info is None)
+        batches = self._iterate(steps, track=info is None)
+        return batches if info is not None or self.device is None else self._on_device(batches)
+
+    def _on_device(
+        self, batches: Generator[dict[str, Any], None, None]
+    ) -> Generator[dict[str, Any], None, None]:
+        # The ring pulls batches ahead: the cursor is the step after the one handed over.
+        ring = prefetch_to_device(batches, self.prefetch_to_device, self.device)
+        try:
+            for batch in ring:
+                self._next_step = int(batch["step"]) + 1
+                yield batch
+        finally:
+            ring.close()
 
     def _iterate(self, steps: range, *, track: bool) -> Generator[dict[str, Any], None, None]:
         plan = self.plan
@@ -481,9 +504,15 @@ class StatefulLoader:
         loader: DataLoader[dict[str, Any]] = DataLoader(
             self.dataset, batch_size=None, num_workers=self.num_workers, **self._kwargs
         )
-        for batch in loader:
-            self._next_step = int(batch["step"]) + 1
-            yield batch
+        # Without workers the dataset's own iterator runs the device ring (depth 0: none).
+        depth = self.dataset.prefetch_to_device if self.num_workers else 0
+        batches = prefetch_to_device(loader, depth, self.dataset.device)
+        try:
+            for batch in batches:
+                self._next_step = int(batch["step"]) + 1
+                yield batch
+        finally:
+            batches.close()
 
     def __len__(self) -> int:
         return max(0, self.dataset._end() - self._next_step)

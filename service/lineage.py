@@ -24,7 +24,7 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -60,9 +60,11 @@ def _json_field(row: dict[str, Any], name: str) -> None:
             row[name] = json.loads(value)
 
 
-def _snapshot_pin(views: CatalogViews, record: SnapshotRecord, latest: Pin) -> Pin:
-    """The catalog state ``record`` was cut from, or ``latest`` when that state is not
-    readable here (a foreign or expired snapshot id)."""
+def _snapshot_pin(views: CatalogViews, record: SnapshotRecord, latest: Callable[[], Pin]) -> Pin:
+    """The catalog state ``record`` was cut from, or ``latest()`` when that state is not
+    readable here (a foreign or expired snapshot id). ``latest`` is called only then:
+    the catalog's current state loads every table's metadata, and a per-request load
+    of it was the tail of ``GET /v1/snapshots/{v}/steps/{s}`` (issue 16)."""
     from catalog.pins import Pin
 
     ids = record.snapshot.get("catalog_snapshot_ids")
@@ -74,7 +76,7 @@ def _snapshot_pin(views: CatalogViews, record: SnapshotRecord, latest: Pin) -> P
             return pin
         except (InvalidInput, NotFound):
             pass
-    return latest
+    return latest()
 
 
 def _score_versions(record: SnapshotRecord) -> dict[str, str]:
@@ -145,11 +147,12 @@ def step_samples(
     version: int,
     step: int,
     *,
-    latest: Pin,
+    latest: Callable[[], Pin],
     sees_eval: bool,
 ) -> dict[str, Any]:
     """The exact samples of ``step`` of ``version``, each with a lineage summary (the
-    assets and scores as of the catalog state the version was cut from)."""
+    assets and scores as of the catalog state the version was cut from; ``latest()``,
+    the current state, only where that one is not readable)."""
     record = reader.record(version)
     plan = reader.plan_step(version, step)
     rows = [int(r) for r in plan["rows"]]

@@ -60,6 +60,7 @@ class SnapshotReader:
         self._objects = ArtifactCache(self.cache_dir / "objects", rehash=True)
         self._tables: dict[str, pa.Table] = {}
         self._views: dict[tuple[str, tuple[int, ...]], ds.Dataset] = {}
+        self._clip_indexes: dict[str, _ClipIndex] = {}
 
     # -- records ------------------------------------------------------------------
     def versions(self) -> list[int]:
@@ -95,6 +96,7 @@ class SnapshotReader:
             self._views.clear()
             for sha in shas:
                 self._tables.pop(sha, None)
+                self._clip_indexes.pop(sha, None)
                 self._tables.pop(f"summary:{sha}", None)
         for sha in shas:
             self._objects.forget(sha)
@@ -186,9 +188,10 @@ class SnapshotReader:
         return dict(record)
 
     def clip_rows(self, version: int, clip_id: str) -> tuple[NDArray[np.int64], NDArray[np.int32]]:
-        """Manifest rows (and their stream ids) of ``clip_id`` in ``version``."""
+        """Manifest rows (and their stream ids) of ``clip_id`` in ``version``: a binary
+        search of the version's cached clip index (:class:`_ClipIndex`), not a scan."""
         index = self.ipc_table(version, "index.arrow")
-        hits = pc.indices_nonzero(pc.equal(index.column("clip_id"), clip_id))
+        hits = self._clip_index(version).rows(index.column("clip_id"), clip_id)
         if not len(hits):
             return np.zeros(0, np.int64), np.zeros(0, np.int32)
         taken = index.select(["row", "stream"]).take(hits)
@@ -196,6 +199,17 @@ class SnapshotReader:
             taken.column("row").to_numpy().astype(np.int64),
             taken.column("stream").to_numpy().astype(np.int32),
         )
+
+    def _clip_index(self, version: int) -> _ClipIndex:
+        ref = self.record(version).artifacts["index.arrow"]
+        with self._lock:
+            hit = self._clip_indexes.get(ref.sha256)
+        if hit is not None:
+            return hit
+        made = _ClipIndex(self.ipc_table(version, "index.arrow").column("clip_id"))
+        with self._lock:
+            self._clip_indexes[ref.sha256] = made
+        return made
 
     def steps_of_rows(self, version: int, rows: Sequence[int]) -> dict[int, list[int]]:
         """Every step of ``version`` whose batch holds each of ``rows``."""
@@ -314,3 +328,61 @@ class SnapshotReader:
 def _summary_column(field: pa.Field) -> bool:
     numeric = pa.types.is_floating(field.type) or pa.types.is_integer(field.type)
     return field.name in _SUMMARY_COLUMNS or (field.name.startswith("score_") and numeric)
+
+
+def _digest(raw: NDArray[np.uint8]) -> NDArray[np.uint64]:
+    """A 64-bit mix of each row of bytes (FNV-style over 8-byte words, wrapping): a
+    bucket key for the clip index, checked by equality, never an identity."""
+    n, width = raw.shape
+    padded = np.zeros((n, -(-width // 8) * 8), np.uint8)
+    padded[:, :width] = raw
+    words = padded.view("<u8")
+    h = np.full(n, 0xCBF29CE484222325, np.uint64)
+    for j in range(words.shape[1]):
+        h = (h ^ words[:, j]) * np.uint64(0x100000001B3)
+    return h
+
+
+class _ClipIndex:
+    """An ``index.arrow``'s clip ids ordered by a 64-bit digest of their bytes, so a
+    clip's rows are a binary search plus an equality check of the few candidates, where
+    ``pc.equal`` over the column was O(rows) per request (~100 ms at 10M clips). 16
+    bytes per row, built once per index (versions are immutable). Ids of unequal widths
+    (not the catalog's) fall back to the scan."""
+
+    def __init__(self, ids: pa.ChunkedArray) -> None:
+        self.keys: NDArray[np.uint64] | None = None
+        self.order = np.zeros(0, np.int64)
+        self.width = 0
+        arr = ids.combine_chunks().cast(pa.large_string())
+        n = len(arr)
+        if n == 0 or arr.null_count:
+            return
+        offsets = np.frombuffer(arr.buffers()[1], np.int64)[arr.offset : arr.offset + n + 1]
+        widths = np.diff(offsets)
+        self.width = int(widths[0])
+        if self.width < 1 or widths.min() != widths.max():
+            return
+        raw = np.frombuffer(arr.buffers()[2], np.uint8)[int(offsets[0]) : int(offsets[-1])]
+        digest = _digest(raw.reshape(n, self.width))
+        self.order = np.argsort(digest, kind="stable").astype(np.int64)
+        self.keys = digest[self.order]
+
+    def rows(self, ids: pa.ChunkedArray, clip_id: str) -> NDArray[np.int64]:
+        """Positions of ``clip_id`` in ``ids`` (the column this index was built from)."""
+        if self.keys is None:
+            return np.asarray(pc.indices_nonzero(pc.equal(ids, clip_id)), np.int64)
+        text = clip_id.encode("utf-8")
+        if len(text) != self.width:
+            return np.zeros(0, np.int64)
+        key = _digest(np.frombuffer(text, np.uint8).reshape(1, self.width))
+        lo, hi = (
+            np.searchsorted(self.keys, key, "left")[0],
+            np.searchsorted(self.keys, key, "right")[0],
+        )
+        candidates = np.sort(self.order[lo:hi])
+        if not candidates.size:
+            return candidates
+        same = pc.equal(ids.take(pa.array(candidates)), clip_id).to_numpy(zero_copy_only=False)
+        hits: NDArray[np.int64] = candidates[np.asarray(same, dtype=bool)]
+        return hits

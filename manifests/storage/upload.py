@@ -12,7 +12,10 @@ For each entry, in a worker pool:
    (a run killed before its receipt) answers 412 and is checked, never replaced;
 4. its identity is checked a third time and the object verified by content
    (:meth:`S3ObjectStore.verify`: a full read and hash, or the endpoint's full-object
-   SHA-256 only where the endpoint has proven it checks checksums itself);
+   SHA-256 only where the endpoint has proven it checks checksums itself). Where it
+   has, a single PUT it accepted needs no second request: the endpoint refused any
+   body whose SHA-256 was not the one sent, so one PUT per new object is the whole
+   upload (a multipart upload or an object found already there is still verified);
 5. a receipt is appended and fsync'd.
 
 A changed file or any error leaves that entry without a receipt and in the report's
@@ -102,9 +105,13 @@ def upload_file(
         sha, size = entry.sha256, entry.size
     # No HEAD first: the PUT is conditional, so an object a killed run already stored
     # answers 412 and is checked, never replaced; large files HEAD inside put_file.
-    outcome = "put" if store.put_file(path, sha256=sha).created else "existing"
+    put = store.put_file(path, sha256=sha)
+    outcome = "put" if put.created else "existing"
     check("while it was uploaded")
-    info = store.verify(sha)
+    # A single PUT that an endpoint proven to check client checksums accepted is its
+    # own proof of content (it hashed the body against ours); anything else is verified.
+    proven = put.created and size <= store.multipart_threshold and store.checksums_proven
+    info = put.info if proven else store.verify(sha)
     if info.size != size:
         raise ChecksumMismatch(
             f"stored object {sha} has {info.size} bytes, {path} has {size}",

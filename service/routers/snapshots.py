@@ -237,7 +237,7 @@ def get_step(
         services.reader,
         version,
         step,
-        latest=services.pin(),
+        latest=services.pin,
         sees_eval=principal.sees_eval,
     )
     return StepPublic.model_validate(found)
