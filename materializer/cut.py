@@ -11,14 +11,15 @@ version, rung or tokenizer, or too little eval embedding coverage, stops the cut
 before any work.
 
 The data artifacts (``manifest.parquet``, ``plan.arrow``, ``index.arrow``,
-``lineage.arrow``) are pure functions of (recipe, pin, seed, code version): cutting the
-same recipe at the same pin twice gives byte-identical files. ``snapshot.json`` differs
-only in ``version`` and ``parent``; it records the full pin (``catalog_snapshot_ids``,
-embedding versions under ``embeddings/<model>``), ``decontamination`` (model,
-version, eval clips, those with vectors, coverage, train clips checked) and the cut's
-inputs key as ``inputs_sha256`` (:mod:`manifests.inputs`), by which the service answers
-a repeated cut with the version it already made. After publishing, the snapshots the
-pin names are tagged ``vidlake-v{N}`` in each table (:mod:`manifests.tags`).
+``lineage.arrow``, ``quality.json``) are pure functions of (recipe, pin, seed, code
+version): cutting the same recipe at the same pin twice gives byte-identical files.
+``snapshot.json`` differs only in ``version`` and ``parent``; it records the full pin
+(``catalog_snapshot_ids``, embedding versions under ``embeddings/<model>``),
+``decontamination`` (model, version, eval clips, those with vectors, coverage, train
+clips checked) and the cut's inputs key as ``inputs_sha256`` (:mod:`manifests.inputs`),
+by which the service answers a repeated cut with the version it already made. After
+publishing, the snapshots the pin names are tagged ``vidlake-v{N}`` in each table
+(:mod:`manifests.tags`).
 
 :mod:`materializer.dry_run` runs the same stages up to the plan (:func:`checked_pin`,
 selection, :func:`plan_samples`, :func:`snapshot_doc`) and publishes nothing; a cut

@@ -299,7 +299,7 @@ def _shares(
     size = plan.num_steps * k
     counts = np.bincount(flat, minlength=size).astype(np.float64).reshape(plan.num_steps, k)
     weighted = np.bincount(flat, weights=tokens[plan.rows], minlength=size)
-    token_counts = weighted.reshape(plan.num_steps, k)
+    token_counts = weighted.astype(np.float64).reshape(plan.num_steps, k)
     docs = []
     for index, target in enumerate(phases):
         where = np.flatnonzero(plan.phase == index)
