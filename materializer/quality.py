@@ -247,7 +247,8 @@ def quality_report(
     steps = plan.sample_steps()
     phase_docs = _shares(plan, steps, stream, tokens, phases, stream_names, window_steps)
     lags = _lags(global_batch, plan.rows.size)
-    series = {k: autocorrelation(codes[plan.rows], lags) for k, codes in keys.items()}
+    draws = np.bincount(plan.rows, minlength=stream.size)
+    series = {k: _key_acf(_dense(c), plan.rows, lags, draws) for k, c in keys.items()}
     beyond = lags > global_batch
     acf_max = max((float(np.abs(s[beyond]).max(initial=0.0)) for s in series.values()), default=0.0)
     share_max = max((p["max_abs_deviation"] for p in phase_docs), default=0.0)
@@ -298,8 +299,10 @@ def _shares(
     flat = steps * k + sample_stream
     size = plan.num_steps * k
     counts = np.bincount(flat, minlength=size).astype(np.float64).reshape(plan.num_steps, k)
-    weighted = np.bincount(flat, weights=tokens[plan.rows], minlength=size)
-    token_counts = weighted.astype(np.float64).reshape(plan.num_steps, k)
+    token_counts = counts
+    if any(t.unit == "tokens" for t in phases):
+        weighted = np.bincount(flat, weights=tokens[plan.rows], minlength=size)
+        token_counts = weighted.astype(np.float64).reshape(plan.num_steps, k)
     docs = []
     for index, target in enumerate(phases):
         where = np.flatnonzero(plan.phase == index)
@@ -395,21 +398,28 @@ def _lags(global_batch: int, n: int) -> Ints:
 def autocorrelation(codes: Ints, lags: Ints) -> NDArray[np.float64]:
     """The pooled one-hot autocorrelation of the categorical sequence ``codes`` at
     each lag: ``(m(h) - sum p**2) / (1 - sum p**2)`` (module docstring)."""
-    if lags.size == 0:
-        return np.zeros(0)
-    # int32 codes halve the bytes each comparison streams through.
-    small = codes.size == 0 or (codes.min() >= -(2**31) and codes.max() < 2**31)
-    x = np.ascontiguousarray(codes, dtype=np.int32 if small else np.int64)
-    n = x.size
-    top = int(lags.max())
-    freq = np.unique(x, return_counts=True)[1] / n
-    base = float(np.dot(freq, freq))
+    dense = np.unique(codes, return_inverse=True)[1].astype(np.int64)
+    return _key_acf(dense, np.arange(dense.size, dtype=np.int64), lags, np.ones(dense.size))
+
+
+def _key_acf(codes: Ints, rows: Ints, lags: Ints, draws: NDArray[Any]) -> NDArray[np.float64]:
+    """:func:`autocorrelation` of ``codes[rows]`` (``codes`` dense, >= 0, by manifest
+    row; ``draws`` the plan draws of each row), gathering only the compared blocks."""
+    if lags.size == 0 or rows.size == 0:
+        return np.zeros(lags.size)
+    freq = np.bincount(codes, weights=draws)  # the key's frequencies in O(manifest)
+    p = freq / freq.sum()
+    base = float(np.dot(p, p))
     if base >= 1.0 - 1e-12:
         return np.zeros(lags.size)
+    # int32 codes halve the bytes each comparison streams through.
+    small = int(codes.max(initial=0)) < 2**31
+    top = int(lags.max())
     matches = np.zeros(lags.size, dtype=np.int64)
     compared = 0
-    for start, length in _blocks(n - top):
-        seg = x[start : start + length + top]
+    for start, length in _blocks(rows.size - top):
+        seg = codes[rows[start : start + length + top]]
+        seg = seg.astype(np.int32) if small else seg
         head = seg[:length]
         for i, h in enumerate(lags):
             matches[i] += np.count_nonzero(head == seg[h : h + length])
@@ -438,6 +448,13 @@ def _codes(column: pa.ChunkedArray | pa.Array) -> Ints:
     encoded = pc.dictionary_encode(column).combine_chunks()
     indices = pc.fill_null(encoded.indices, len(encoded.dictionary))
     return np.asarray(indices.to_numpy(), dtype=np.int64)
+
+
+def _dense(codes: Ints) -> Ints:
+    """``codes`` as dense codes ``0 … k-1`` (already so for :func:`_codes`' output)."""
+    if codes.size == 0 or (codes.min() >= 0 and codes.max() < 2 * codes.size + 1024):
+        return np.asarray(codes, dtype=np.int64)
+    return np.unique(codes, return_inverse=True)[1].astype(np.int64)
 
 
 def _downsample(n: int, most: int) -> Ints:
