@@ -154,7 +154,8 @@ def _demo_like() -> dict[str, object]:
     data = small_corpus_demo()
     phases = []
     for p in data["phases"][:1]:
-        p = {**p, "allow_repeats_in_step": False, "rank_multiple": 1}
+        # 480 steps: enough samples that the acf's noise floor (~1/sqrt(samples)) is low.
+        p = {**p, "allow_repeats_in_step": False, "rank_multiple": 1, "steps": 480}
         p["global_batch"] = {"default": 4, "overrides": {k: 1 for k in _sparse_buckets()}}
         phases.append(p)
     data["phases"] = phases
@@ -172,8 +173,8 @@ def test_a_demo_like_cut_reports_low_values_and_no_repeats(
     artifacts, snap = build_artifacts(catalog, recipe, tmp_path)
     report = json.loads(Path(artifacts[QUALITY_NAME]).read_text())
     assert report["repeated_in_step"] == 0 == snap["repeats_in_step"]
-    assert report["max_share_deviation"] < 0.2
-    assert report["max_autocorr_beyond_batch"] < 0.1
+    assert report["max_share_deviation"] < 0.15
+    assert report["max_autocorr_beyond_batch"] < 0.06
     assert set(report["autocorr"]["series"]) == {"source", "asset_id"}  # no cluster column
     assert snap["quality"] == {
         k: report[k]
