@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -39,7 +40,14 @@ def _plan(rows: np.ndarray, batch: int = BATCH) -> PlanArrays:
     )
 
 
-def _report(plan: PlanArrays, stream: np.ndarray, keys: dict[str, np.ndarray], **kw: object):  # type: ignore[no-untyped-def]
+def _report(
+    plan: PlanArrays,
+    stream: np.ndarray,
+    keys: dict[str, np.ndarray],
+    *,
+    target: PhaseTarget | None = None,
+    window_steps: int = 16,
+) -> dict[str, Any]:
     n = stream.size
     return quality_report(
         plan,
@@ -47,11 +55,11 @@ def _report(plan: PlanArrays, stream: np.ndarray, keys: dict[str, np.ndarray], *
         bucket=np.zeros(n, np.int64),
         tokens=np.ones(n, np.int64),
         keys=keys,
-        phases=[kw.pop("target", PhaseTarget("p", {0: 1.0}))],  # type: ignore[list-item]
+        phases=[target or PhaseTarget("p", {0: 1.0})],
         stream_names=["s0", "s1"],
         bucket_names=["b0"],
         global_batch=BATCH,
-        **kw,  # type: ignore[arg-type]
+        window_steps=window_steps,
     )
 
 
