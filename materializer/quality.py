@@ -199,8 +199,9 @@ def check_quality(report: Mapping[str, Any]) -> None:
     """Fail the cut when a measured number exceeds the recipe's threshold.
 
     Raises:
-        InvalidInput: ``field`` names the threshold (``quality.max_share_deviation``);
-            ``value`` and ``threshold`` are the two numbers.
+        InvalidInput: ``path`` (and ``field``) name the threshold
+            (``quality.max_share_deviation``); ``value`` and ``threshold`` are the
+            two numbers.
     """
     for name in _THRESHOLDS:
         limit = report["thresholds"].get(name)
@@ -209,7 +210,8 @@ def check_quality(report: Mapping[str, Any]) -> None:
             raise InvalidInput(
                 f"plan quality: {name} is {value:.4g}, above the recipe's threshold "
                 f"quality.{name} = {limit:g}; nothing was published "
-                f"(see `vidlake report` on a dry cut or docs/instruments.md)",
+                "(`vidlake cut --dry-run` shows the numbers; docs/instruments.md)",
+                path=f"quality.{name}",
                 field=f"quality.{name}",
                 value=value,
                 threshold=limit,

@@ -16,6 +16,7 @@ from catalog.errors import InvalidInput, InvalidRecipe
 from manifests.format import QUALITY_NAME
 from manifests.registry import Registry
 from materializer.cut import build_artifacts, cut_snapshot
+from materializer.dry_run import plan_cut
 from materializer.plan import PhaseSpec, Pool, write_plan
 from materializer.quality import (
     PhaseTarget,
@@ -221,6 +222,60 @@ def test_a_threshold_fails_the_cut_and_publishes_nothing(
     assert info.value.details["value"] > limit
     assert name in str(info.value) and f"{limit:g}" in str(info.value)
     assert registry.versions() == before
+
+
+def test_a_dry_run_reports_quality_and_the_threshold_it_would_fail_on(
+    catalog: VidlakeCatalog,
+) -> None:
+    open_gate = plan_cut(catalog, load_recipe(_demo_like()))
+    assert open_gate["publishable"] and open_gate["quality"]["repeated_in_step"] == 0
+    tight = {**_demo_like(), "quality": {"max_share_deviation": 1e-6}}
+    found = plan_cut(catalog, load_recipe(tight))
+    assert not found["publishable"]
+    assert found["quality"]["max_share_deviation"] == open_gate["quality"]["max_share_deviation"]
+    [problem] = found["problems"]
+    assert problem["path"] == "quality.max_share_deviation"
+    assert "max_share_deviation" in problem["message"]
+
+
+def test_a_token_phase_compares_token_shares() -> None:
+    # Every step: 16 samples of stream 0 (1 token each), 16 of stream 1 (3 tokens each).
+    stream = np.tile(np.repeat([0, 1], BATCH // 2), 8)
+    tokens = np.where(stream == 0, 1, 3)
+    plan = _plan(np.arange(stream.size))
+    target = PhaseTarget("t", {0: 0.5, 1: 0.5}, unit="tokens")
+    report = quality_report(
+        plan,
+        stream=stream,
+        bucket=np.zeros(stream.size, np.int64),
+        tokens=tokens,
+        keys={},
+        phases=[target],
+        stream_names=["s0", "s1"],
+        bucket_names=["b0"],
+        global_batch=BATCH,
+    )
+    # Half the samples but a quarter of the tokens: 0.25 off its token target.
+    assert report["max_share_deviation"] == pytest.approx(0.25)
+    assert report["phases"][0]["unit"] == "tokens"
+
+
+def test_a_phase_without_steps_and_a_plan_shorter_than_the_lags() -> None:
+    plan = _plan(np.arange(3 * BATCH))
+    report = quality_report(
+        plan,
+        stream=np.zeros(3 * BATCH, np.int64),
+        bucket=np.zeros(3 * BATCH, np.int64),
+        tokens=np.ones(3 * BATCH, np.int64),
+        keys={"source": np.arange(3 * BATCH) % 3},
+        phases=[PhaseTarget("a", {0: 1.0}), PhaseTarget("empty", {0: 1.0})],
+        stream_names=["s0"],
+        bucket_names=["b0"],
+        global_batch=BATCH,
+    )
+    assert report["phases"][1]["steps"] == 0 and report["phases"][1]["max_abs_deviation"] == 0
+    assert max(report["autocorr"]["lags"]) == 3 * BATCH - 1  # below the stream's length
+    json.dumps(report, allow_nan=False)  # no NaN anywhere
 
 
 def test_the_quality_block_is_checked_and_leaves_old_recipes_their_sha() -> None:
