@@ -36,6 +36,13 @@ Artifacts of one snapshot (each stored content-addressed in the object store):
     Schema :data:`EXCLUDED_SCHEMA`: every manifest row the chain of patches excluded,
     served or not.
 
+``quality.json`` (:data:`QUALITY_NAME`, written by a cut, optional)
+    JSON: the plan quality report (:mod:`materializer.quality`): realized stream
+    shares vs targets over sliding windows per phase, epochs per (stream, bucket),
+    samples repeated within a step, autocorrelation of source / asset / cluster by
+    lag; ``snapshot.json``'s ``quality`` holds its headline numbers. Versions cut
+    before it existed have neither.
+
 ``snapshot.json`` (:data:`SNAPSHOT_JSON`)
     Metadata; see :data:`SNAPSHOT_REQUIRED_KEYS`. ``artifacts`` maps each artifact
     name to ``{"sha256", "size"}``; ``streams`` lists stream names by id;
@@ -69,6 +76,7 @@ __all__ = [
     "MANIFEST_NAME",
     "PLAN_NAME",
     "PLAN_SCHEMA",
+    "QUALITY_NAME",
     "SKIPPED_NAME",
     "SKIPPED_SCHEMA",
     "SNAPSHOT_JSON",
@@ -151,6 +159,7 @@ MANIFEST_NAME = "manifest.parquet"
 LINEAGE_NAME = "lineage.arrow"
 SKIPPED_NAME = "skipped.parquet"
 EXCLUDED_NAME = "excluded_rows.parquet"
+QUALITY_NAME = "quality.json"
 SNAPSHOT_JSON = "snapshot.json"
 
 #: The artifacts every published version has (besides ``snapshot.json``).

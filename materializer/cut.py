@@ -2,7 +2,7 @@
 
 Stages (each reported through ``progress(stage, fraction)``): ``pin``, ``scan``,
 ``join``, ``embeddings`` (in :func:`materializer.select.select`), ``scatter``,
-``plan``, ``index``, ``manifest``, ``lineage``, ``publish``.
+``plan``, ``quality``, ``index``, ``manifest``, ``lineage``, ``publish``.
 
 The ``pin`` stage resolves the pin (Iceberg snapshot ids and the LanceDB version of
 every embedding model the recipe reads) and checks the recipe against the catalog
@@ -11,14 +11,15 @@ version, rung or tokenizer, or too little eval embedding coverage, stops the cut
 before any work.
 
 The data artifacts (``manifest.parquet``, ``plan.arrow``, ``index.arrow``,
-``lineage.arrow``) are pure functions of (recipe, pin, seed, code version): cutting the
-same recipe at the same pin twice gives byte-identical files. ``snapshot.json`` differs
-only in ``version`` and ``parent``; it records the full pin (``catalog_snapshot_ids``,
-embedding versions under ``embeddings/<model>``), ``decontamination`` (model,
-version, eval clips, those with vectors, coverage, train clips checked) and the cut's
-inputs key as ``inputs_sha256`` (:mod:`manifests.inputs`), by which the service answers
-a repeated cut with the version it already made. After publishing, the snapshots the
-pin names are tagged ``vidlake-v{N}`` in each table (:mod:`manifests.tags`).
+``lineage.arrow``, ``quality.json``) are pure functions of (recipe, pin, seed, code
+version): cutting the same recipe at the same pin twice gives byte-identical files.
+``snapshot.json`` differs only in ``version`` and ``parent``; it records the full pin
+(``catalog_snapshot_ids``, embedding versions under ``embeddings/<model>``),
+``decontamination`` (model, version, eval clips, those with vectors, coverage, train
+clips checked) and the cut's inputs key as ``inputs_sha256`` (:mod:`manifests.inputs`),
+by which the service answers a repeated cut with the version it already made. After
+publishing, the snapshots the pin names are tagged ``vidlake-v{N}`` in each table
+(:mod:`manifests.tags`).
 
 :mod:`materializer.dry_run` runs the same stages up to the plan (:func:`checked_pin`,
 selection, :func:`plan_samples`, :func:`snapshot_doc`) and publishes nothing; a cut
@@ -50,11 +51,18 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from catalog.errors import InvalidInput, InvalidRecipe
-from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, LINEAGE_NAME, LINEAGE_SCHEMA
+from manifests.format import (
+    FORMAT_VERSION,
+    INDEX_SCHEMA,
+    LINEAGE_NAME,
+    LINEAGE_SCHEMA,
+    QUALITY_NAME,
+)
 from manifests.inputs import INPUTS_KEY, cut_inputs_sha256
 from manifests.ipc import iter_batches, write_table
 from manifests.tags import tag_published
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
+from materializer.quality import cut_quality, quality_summary
 from materializer.recipe import Recipe, recipe_notes
 from materializer.select import Selection, check_pools, phase_mask, select
 from materializer.validate import check_recipe, resolve_pin
@@ -188,6 +196,10 @@ def build_artifacts(
         raise nothing_selected(recipe, selection)
     check_pools(recipe, selection.samples)
     samples, summary, plan_path = plan_samples(recipe, selection.samples, out, progress=report)
+    # The plan quality report (materializer/quality.py); a recipe threshold fails here.
+    report("quality", 0.0)
+    quality_path, quality = cut_quality(recipe, plan_path, samples, out)
+    report("quality", 1.0)
 
     report("index", 0.0)
     index_path = out / "index.arrow"
@@ -207,7 +219,9 @@ def build_artifacts(
     snapshot = snapshot_doc(recipe, pin, selection, samples, summary)
     snapshot.update(embedding_facts(recipe, pin, selection))
     record_repeats(snapshot, summary)
+    snapshot["quality"] = quality_summary(quality)
     artifacts = {
+        QUALITY_NAME: quality_path,
         "manifest.parquet": manifest_path,
         "plan.arrow": plan_path,
         "index.arrow": index_path,

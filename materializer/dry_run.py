@@ -12,7 +12,10 @@ reports the numbers a cut would record in ``snapshot.json`` (from the same
 - ``phases``: steps, plan rows, tokens, target and realized shares per phase;
 - ``coverage``: per stream, the share of its selected samples the plan draws at
   least once, and ``stream_epochs``; eval ``decontamination`` coverage when the recipe
-  has it.
+  has it;
+- ``quality``: the plan quality report's headline numbers
+  (:func:`materializer.quality.quality_summary`); a recipe threshold it exceeds is a
+  problem, as the cut would fail on it.
 
 A recipe that selects nothing, or whose plan cannot be drawn (a phase without
 samples for a weighted stream, a pool smaller than its per-step quota), is not an
@@ -43,6 +46,7 @@ from materializer.cut import (
     record_repeats,
     snapshot_doc,
 )
+from materializer.quality import check_quality, plan_quality, quality_summary
 from materializer.recipe import Recipe
 from materializer.select import Selection, check_pools, select
 
@@ -141,6 +145,12 @@ def _plan(
     record_repeats(doc, summary)
     result.update({k: doc.get(k) for k in _FROM_SNAPSHOT})
     result["coverage"] = _coverage(plan_path, samples, selection.stream_names)
+    quality = plan_quality(plan_path, samples, recipe)
+    result["quality"] = quality_summary(quality)
+    try:
+        check_quality(quality)
+    except InvalidInput as exc:
+        return _problem(exc)
     return None
 
 

@@ -42,6 +42,7 @@ from service.routers import (
     maintenance,
     objects,
     plans,
+    quality,
     schemas,
     snapshots,
     sql,
@@ -168,6 +169,7 @@ def create_app(
     for module in (
         ingest,
         snapshots,
+        quality,
         plans,
         schemas,
         erasures,

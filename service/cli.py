@@ -12,8 +12,8 @@ prints machine-readable output for scripts. Errors print one line and exit non-z
 The commands live by group: :mod:`service.cli_catalog` (ingest, takedowns, erasures),
 :mod:`service.cli_snapshots` (cut, validate, versions, patches, pins),
 :mod:`service.cli_query` (SQL, lineage, steps, jobs), :mod:`service.cli_objects`
-(object uploads), :mod:`service.cli_cache`, :mod:`service.cli_storage`,
-:mod:`service.cli_tags` and :mod:`service.cli_interop`.
+(object uploads), :mod:`service.cli_report` (plan quality), :mod:`service.cli_cache`,
+:mod:`service.cli_storage`, :mod:`service.cli_tags` and :mod:`service.cli_interop`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from service import (
     cli_maintain,
     cli_objects,
     cli_query,
+    cli_report,
     cli_schema,
     cli_snapshots,
 )
@@ -126,6 +127,7 @@ for _command in (
     *cli_catalog.COMMANDS,
     *cli_objects.COMMANDS,
     *cli_snapshots.COMMANDS,
+    *cli_report.COMMANDS,
     *cli_query.COMMANDS,
     *cli_schema.COMMANDS,
     *cli_maintain.COMMANDS,

@@ -38,6 +38,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "snapshots": (f"vidlake snapshots {_URL}   # scope: read",),
     "show": (f"vidlake show 3 --json {_URL}   # scope: read",),
     "diff": (f"vidlake diff 2 3 {_URL}   # scope: read",),
+    "report": ("vidlake report 3", f"vidlake report 3 --json {_URL}   # scope: read"),
     "patch": (
         "vidlake patch 3 --clip CLIP_ID --reason 'corrupt latent'",
         f"vidlake patch 3 --where 'stream = 1 AND bucket = 0' --reason 'bad shard' {_URL}"

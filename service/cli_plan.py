@@ -66,6 +66,13 @@ def render_plan(plan: dict[str, Any]) -> None:
     if plan.get("phases"):
         out.print(_phases_table(plan))
         out.print(f"steps={plan['num_steps']:,}  plan rows={plan['plan_rows']:,}")
+    quality = plan.get("quality")
+    if quality:
+        out.print(
+            f"plan quality: repeated_in_step={quality['repeated_in_step']}  "
+            f"max_share_deviation={quality['max_share_deviation']:.4f}  "
+            f"max_autocorr_beyond_batch={quality['max_autocorr_beyond_batch']:.4f}"
+        )
     decon = plan.get("decontamination")
     if decon:
         out.print(f"eval decontamination coverage={decon['coverage']:.1%}")

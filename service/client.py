@@ -117,6 +117,11 @@ class Client(Protocol):
         """What changed from version ``a`` to ``b`` (``DiffPublic``)."""
         ...
 
+    def report(self, version: int) -> dict[str, Any]:
+        """A version's plan quality report (``quality.json``); NotFound for an unknown
+        version or one without a report (``details.reason == "no_quality_report"``)."""
+        ...
+
     def patch(
         self,
         version: int,
@@ -421,6 +426,10 @@ class HttpClient:
     def diff(self, a: int, b: int, *, max_clips: int = 1000) -> dict[str, Any]:
         params = {"max_clips": max_clips}
         result: dict[str, Any] = self._call("GET", f"/v1/snapshots/{a}/diff/{b}", params=params)
+        return result
+
+    def report(self, version: int) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("GET", f"/v1/snapshots/{version}/quality")
         return result
 
     def patch(

@@ -145,6 +145,11 @@ class LocalClient:
 
         return _json(diff_snapshots(self.services, self._caller(), a, b, max_clips=max_clips))
 
+    def report(self, version: int) -> dict[str, Any]:
+        from service.routers.quality import get_quality
+
+        return get_quality(self.services, self._caller(), version)
+
     def patch(
         self,
         version: int,

@@ -12,15 +12,17 @@ recipe written as YAML or JSON, with keys in any order, has one SHA-256.
 
 Modules: :mod:`.fields` (shared field types and validators), :mod:`.selection` (what
 to select), :mod:`.schedule` (buckets, batches, phases), :mod:`.pin` (the catalog
-pin), :mod:`.model` (:class:`Recipe` and its cross-section checks), :mod:`.load`
-(parsing YAML/JSON and translating pydantic's errors), :mod:`.notes` (what loading
-changed, e.g. normalised weights, for warnings and the snapshot).
+pin), :mod:`.quality` (the plan quality gate), :mod:`.model` (:class:`Recipe` and its
+cross-section checks), :mod:`.load` (parsing YAML/JSON and translating pydantic's
+errors), :mod:`.notes` (what loading changed, e.g. normalised weights, for warnings
+and the snapshot).
 """
 
 from materializer.recipe.load import load_recipe
 from materializer.recipe.model import Recipe
 from materializer.recipe.notes import recipe_notes
 from materializer.recipe.pin import PIN_TABLES
+from materializer.recipe.quality import QualityGate
 from materializer.recipe.schedule import Buckets, GlobalBatch, Phase
 from materializer.recipe.selection import (
     Captions,
@@ -42,6 +44,7 @@ __all__ = [
     "Exclusions",
     "GlobalBatch",
     "Phase",
+    "QualityGate",
     "Recipe",
     "ScoreFilter",
     "ScoreRef",

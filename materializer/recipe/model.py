@@ -19,6 +19,7 @@ from catalog.pins import EMBEDDINGS_PREFIX, embedding_key
 from materializer.predicates import clip_view_columns, validate_predicate
 from materializer.recipe.fields import Label, Model, Version, check_unique, fail, unknown
 from materializer.recipe.pin import CatalogPin
+from materializer.recipe.quality import QualityGate
 from materializer.recipe.schedule import Buckets, Phase
 from materializer.recipe.selection import (
     Captions,
@@ -34,7 +35,7 @@ __all__ = ["Recipe"]
 
 #: A tensor key of a latent member (``latent``, ``text_emb``, ``i2v_y``, …).
 TensorKey = Annotated[str, Field(strict=True, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")]
-_LATER_FIELDS = ("tensor_keys",)
+_LATER_FIELDS = ("tensor_keys", "quality")
 
 
 class Recipe(Model):
@@ -58,6 +59,8 @@ class Recipe(Model):
     #: The tensors of each latent to deliver (default None: every tensor it holds).
     #: Samples lacking one are dropped (``missing_tensor_keys``).
     tensor_keys: tuple[TensorKey, ...] | None = Field(default=None, min_length=1)
+    #: Plan quality window and thresholds (default None: report, enforce nothing).
+    quality: QualityGate | None = None
 
     def score_versions(self) -> dict[str, str]:
         """Score name -> version for every score the recipe names (filters and scores)."""

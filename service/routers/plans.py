@@ -66,6 +66,11 @@ class PlanPublic(BaseModel):
     repeats_in_step: int | None = Field(
         None, description="Samples that repeat a row in their step (phases that allow it)"
     )
+    quality: dict[str, Any] | None = Field(
+        None,
+        description="The plan quality report's headline numbers: repeated_in_step, "
+        "max_share_deviation, max_autocorr_beyond_batch, passed (docs/instruments.md)",
+    )
 
 
 @router.post(

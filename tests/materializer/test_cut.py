@@ -17,7 +17,7 @@ import pytest
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
 from catalog.errors import InvalidInput, InvalidRecipe
-from manifests.format import LINEAGE_NAME, SNAPSHOT_REQUIRED_KEYS
+from manifests.format import LINEAGE_NAME, QUALITY_NAME, SNAPSHOT_REQUIRED_KEYS
 from manifests.registry import Registry
 from materializer.cut import build_artifacts, cut_snapshot
 from materializer.recipe import Recipe, load_recipe
@@ -26,7 +26,7 @@ from tests.fixtures.recipes import small_corpus_demo, write_small_corpus_demo
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_RECIPE = REPO / "docs" / "recipes" / "demo.yaml"
-DATA_ARTIFACTS = ("manifest.parquet", "plan.arrow", "index.arrow", LINEAGE_NAME)
+DATA_ARTIFACTS = ("manifest.parquet", "plan.arrow", "index.arrow", LINEAGE_NAME, QUALITY_NAME)
 
 
 @pytest.fixture(
