@@ -229,7 +229,7 @@ def test_an_explicit_pin_names_an_existing_centroid_version(lake: VidlakeCatalog
     data["catalog_pin"] = {**fitted, f"centroids/{MODEL}": 7}
     with pytest.raises(InvalidRecipe) as err:
         check_recipe(lake, load_recipe(data), streams=False)
-    assert err.value.path == f"catalog_pin.centroids/{MODEL}"
+    assert err.value.details["path"] == f"catalog_pin.centroids/{MODEL}"
     data["catalog_pin"] = {**fitted, "centroids/other-model": 1}
     with pytest.raises(InvalidRecipe, match="does not use"):
         load_recipe(data)

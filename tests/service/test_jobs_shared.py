@@ -85,7 +85,11 @@ def test_identical_requests_at_two_replicas_share_one_job(
 ) -> None:
     a, b = replicas
     gate = threading.Event()
-    first, created = _runner(a).submit_once("cut", lambda p: gate.wait(10) and None, {}, key="k")
+
+    def wait(progress: Callable[[str, float], None]) -> None:
+        gate.wait(10)
+
+    first, created = _runner(a).submit_once("cut", wait, {}, key="k")
     again, joined_created = _runner(b).submit_once("cut", lambda p: None, {}, key="k")
     gate.set()
     assert created and not joined_created and again.id == first.id
