@@ -233,3 +233,8 @@ def test_an_explicit_pin_names_an_existing_centroid_version(lake: VidlakeCatalog
     data["catalog_pin"] = {**fitted, "centroids/other-model": 1}
     with pytest.raises(InvalidRecipe, match="does not use"):
         load_recipe(data)
+    # An explicit refit is a new version, which later cuts at latest read.
+    config = CentroidConfig(MODEL, cluster_size=25)
+    CentroidStore(lake.objects).fit(config, lake.embeddings(MODEL))
+    assert resolve_pin(lake, recipe).centroids == {MODEL: 2}
+    assert fitted[f"centroids/{MODEL}"] == 1
