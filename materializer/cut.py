@@ -14,9 +14,11 @@ The data artifacts (``manifest.parquet``, ``plan.arrow``, ``index.arrow``,
 ``lineage.arrow``, ``quality.json``) are pure functions of (recipe, pin, seed, code
 version): cutting the same recipe at the same pin twice gives byte-identical files.
 ``snapshot.json`` differs only in ``version`` and ``parent``; it records the full pin
-(``catalog_snapshot_ids``, embedding versions under ``embeddings/<model>``),
-``decontamination`` (model, version, eval clips, those with vectors, coverage, train
-clips checked) and the cut's inputs key as ``inputs_sha256`` (:mod:`manifests.inputs`),
+(``catalog_snapshot_ids``, embedding versions under ``embeddings/<model>``, the semantic
+dedup's centroid version under ``centroids/<model>``), ``decontamination`` (model,
+version, eval clips, those with vectors, coverage, train clips checked),
+``semantic_dedup`` (the centroid record: version, config and matrix SHA-256, k, what it
+was fitted on) and the cut's inputs key as ``inputs_sha256`` (:mod:`manifests.inputs`),
 by which the service answers a repeated cut with the version it already made. After
 publishing, the snapshots the pin names are tagged ``vidlake-v{N}`` in each table
 (:mod:`manifests.tags`).
@@ -65,7 +67,7 @@ from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write
 from materializer.quality import cut_quality, quality_summary
 from materializer.recipe import Recipe, recipe_notes
 from materializer.select import Selection, check_pools, phase_mask, select
-from materializer.validate import check_recipe, resolve_pin
+from materializer.validate import check_recipe, pin_centroids, resolve_pin
 
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog
@@ -264,16 +266,18 @@ def nothing_selected(recipe: Recipe, selection: Selection) -> InvalidInput:
 
 # -- stages ---------------------------------------------------------------------------
 def checked_pin(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin | None) -> Pin:
-    """The pin (Iceberg snapshots and embedding versions; the recipe's own when ``pin``
-    is None), after checking every value the recipe names against the catalog there
-    (streams are checked in selection)."""
+    """The pin (Iceberg snapshots, embedding and centroid versions; the recipe's own
+    when ``pin`` is None), after checking every value the recipe names against the
+    catalog there (streams are checked in selection)."""
     if pin is None:
-        pin = resolve_pin(catalog, recipe)
-    return check_recipe(catalog, recipe, pin, streams=False).pin
+        pin = resolve_pin(catalog, recipe, fit=False)
+    pin = check_recipe(catalog, recipe, pin, streams=False).pin
+    return pin_centroids(catalog, recipe, pin)  # the first cut that needs them fits them
 
 
 def embedding_facts(recipe: Recipe, pin: Pin, selection: Selection) -> dict[str, Any]:
-    """snapshot.json's ``decontamination`` (None without it) and ``embedding_versions``."""
+    """snapshot.json's ``decontamination`` and ``semantic_dedup`` (the centroid
+    version and record; each None without it) and ``embedding_versions``."""
     excl = recipe.exclusions.eval_near_duplicates
     found = selection.decontamination
     decontamination = None
@@ -290,7 +294,12 @@ def embedding_facts(recipe: Recipe, pin: Pin, selection: Selection) -> dict[str,
             "train_clips_checked": found.train_clips_checked,
             "train_clips_dropped": len(found.dropped),
         }
-    return {"decontamination": decontamination, "embedding_versions": dict(pin.embeddings)}
+    centroids = selection.centroids
+    return {
+        "decontamination": decontamination,
+        "embedding_versions": dict(pin.embeddings),
+        "semantic_dedup": None if centroids is None else centroids.facts(),
+    }
 
 
 def _scatter(samples: pa.Table, seed: int) -> pa.Table:

@@ -9,18 +9,20 @@ clips *of the catalog at the pin* (the Iceberg ``split``), not with whatever the
 embedding table's own ``split`` column says, and reports how many of those eval
 clips had a vector: a clip without one cannot be checked against.
 
-SemDeDup (Abbas et al., 2023): cluster the embeddings with spherical k-means, order
+SemDeDup (Abbas et al., 2023): assign each clip to the nearest of a *fitted* set of
+spherical k-means centroids (:mod:`materializer.centroids`: fitted once per embedding
+model and dedup config, versioned, recorded in the pin, never refitted silently), order
 each cluster by the recipe's ``rank_by`` score (best first, ties by clip id), and drop
 a clip when at least ``keep_per_cluster`` *earlier* clips of its cluster have cosine
 similarity ``>= 1 - eps`` to it. With ``keep_per_cluster = 1`` this is the paper's
-rule: of every group of near-duplicates, the best-scored survives. Cost: k-means is
-``iterations * n * k * dim``; the in-cluster pass is ``sum(m_c^2) * dim`` for cluster
-sizes ``m_c`` (about ``n * cluster_size * dim``), in fixed-size blocks of memory.
+rule: of every group of near-duplicates, the best-scored survives. A clip's cluster
+depends only on its vector, so decisions change only in clusters that gained or lost
+members. Cost: assignment is ``n * k * dim``; the in-cluster pass is
+``sum(m_c^2) * dim`` for cluster sizes ``m_c``, in fixed-size blocks of memory.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -29,14 +31,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from catalog.vectors import pairs_within_vectors
+from materializer.centroids import assign_clusters, unit_vectors
 
 if TYPE_CHECKING:
     from catalog.embeddings import EmbeddingIndex
 
-__all__ = ["Decontamination", "decontaminate", "kmeans_assign", "semdedup", "semdedup_vectors"]
+__all__ = ["Decontamination", "decontaminate", "semdedup", "semdedup_vectors"]
 
 _BLOCK = 2048
-_KMEANS_ITERATIONS = 10
 
 
 @dataclass(frozen=True)
@@ -109,10 +111,8 @@ def semdedup(
     scores: NDArray[np.float64],
     *,
     eps: float,
+    centroids: NDArray[np.floating[Any]],
     keep_per_cluster: int = 1,
-    cluster_size: int | None = None,
-    num_clusters: int | None = None,
-    seed: int = 0,
 ) -> set[str]:
     """Clip ids SemDeDup drops. Clips without an embedding are kept.
 
@@ -121,10 +121,8 @@ def semdedup(
         clip_ids: Candidate clips (unique).
         scores: ``rank_by`` score per clip id, higher is better (NaN-free).
         eps: Cosine-distance threshold: similarity ``>= 1 - eps`` is a duplicate.
+        centroids: The fitted cluster centroids (:mod:`materializer.centroids`).
         keep_per_cluster: How many near-duplicates of one another may stay.
-        cluster_size: Target clip count per k-means cluster (default 5000).
-        num_clusters: Explicit cluster count (overrides ``cluster_size``).
-        seed: Seeds k-means.
     """
     found, vectors = index.vectors(clip_ids)
     if not found:
@@ -136,10 +134,8 @@ def semdedup(
         vectors,
         found_scores,
         eps=eps,
+        centroids=centroids,
         keep_per_cluster=keep_per_cluster,
-        cluster_size=cluster_size,
-        num_clusters=num_clusters,
-        seed=seed,
     )
     return {found[i] for i in np.flatnonzero(drop)}
 
@@ -150,49 +146,27 @@ def semdedup_vectors(
     scores: NDArray[np.float64],
     *,
     eps: float,
+    centroids: NDArray[np.floating[Any]],
     keep_per_cluster: int = 1,
-    cluster_size: int | None = None,
-    num_clusters: int | None = None,
-    seed: int = 0,
 ) -> NDArray[np.bool_]:
-    """The pure core of :func:`semdedup`: a drop mask aligned with ``ids``."""
-    n = len(ids)
-    unit = _normalise(vectors)
-    k = num_clusters or max(1, math.ceil(n / (cluster_size or 5000)))
-    labels = kmeans_assign(unit, min(k, n), seed)
-    drop = np.zeros(n, dtype=bool)
+    """The pure core of :func:`semdedup`: a drop mask aligned with ``ids``.
+
+    Each clip's cluster is :func:`~materializer.centroids.assign_clusters` of its own
+    vector; each cluster is then decided from its members alone, so a cluster whose
+    members did not change gets the same decisions in any cut and any partition.
+    """
+    unit = unit_vectors(vectors)
+    labels = assign_clusters(unit, centroids)
+    drop = np.zeros(len(ids), dtype=bool)
     id_arr = np.asarray(ids, dtype=object)
     threshold = np.float32(1.0 - eps)
-    for c in np.unique(labels):
-        members = np.flatnonzero(labels == c)
-        # Best score first; ties by clip id so the order is total and stable.
-        order = members[np.lexsort((id_arr[members], -scores[members]))]
-        counts = _earlier_similar_counts(unit[order], threshold)
-        drop[order[counts >= keep_per_cluster]] = True
+    # Cluster, then best score first, then clip id: a total order, and one sort.
+    order = np.lexsort((id_arr, -scores, labels))
+    bounds = np.flatnonzero(np.diff(labels[order])) + 1
+    for members in np.split(order, bounds):
+        counts = _earlier_similar_counts(unit[members], threshold)
+        drop[members[counts >= keep_per_cluster]] = True
     return drop
-
-
-def kmeans_assign(unit: NDArray[np.float32], k: int, seed: int) -> NDArray[np.int64]:
-    """Spherical k-means labels (seeded, fixed iteration count, exact assignment)."""
-    n = unit.shape[0]
-    if k <= 1:
-        return np.zeros(n, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    centroids = unit[np.sort(rng.choice(n, size=k, replace=False))].copy()
-    labels = np.zeros(n, dtype=np.int64)
-    for _ in range(_KMEANS_ITERATIONS):
-        for start in range(0, n, _BLOCK):
-            labels[start : start + _BLOCK] = np.argmax(
-                unit[start : start + _BLOCK] @ centroids.T, axis=1
-            )
-        sums = np.zeros_like(centroids, dtype=np.float64)
-        np.add.at(sums, labels, unit)
-        norms = np.linalg.norm(sums, axis=1, keepdims=True)
-        empty = norms[:, 0] == 0
-        sums[~empty] /= norms[~empty]
-        sums[empty] = centroids[empty]  # an empty cluster keeps its centroid
-        centroids = sums.astype(np.float32)
-    return labels
 
 
 def _earlier_similar_counts(unit: NDArray[np.float32], threshold: np.float32) -> NDArray[np.int64]:
@@ -209,11 +183,3 @@ def _earlier_similar_counts(unit: NDArray[np.float32], threshold: np.float32) ->
             j_pos = np.arange(j0, j0 + hit.shape[1])[None, :]
             counts[j0 : j0 + hit.shape[1]] += np.sum(hit & (i_pos < j_pos), axis=0)
     return counts
-
-
-def _normalise(vectors: NDArray[np.floating[Any]]) -> NDArray[np.float32]:
-    mat = np.asarray(vectors, dtype=np.float64)
-    norms = np.linalg.norm(mat, axis=1, keepdims=True)
-    norms[norms == 0] = 1.0
-    unit: NDArray[np.float32] = (mat / norms).astype(np.float32)
-    return unit

@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 from numpy.typing import NDArray
 
 from catalog.errors import InvalidInput, InvalidRecipe
+from materializer.centroids import CentroidConfig, CentroidSet, CentroidStore
 from materializer.clip_view import EVAL_CLIPS_SQL, candidate_params, candidate_sql
 from materializer.dedup import Decontamination, decontaminate, semdedup
 from materializer.recipe import Recipe
@@ -51,6 +52,7 @@ __all__ = [
     "check_pools",
     "check_stream_matches",
     "phase_mask",
+    "pinned_centroids",
     "select",
     "stream_match_counts",
 ]
@@ -69,6 +71,7 @@ class Selection:
         candidates: Candidate samples before any drop.
         stream_names: Stream names by id (the recipe's order).
         decontamination: What eval decontamination checked (None without it).
+        centroids: The semantic dedup's fitted centroids (None without it).
     """
 
     samples: pa.Table
@@ -76,6 +79,7 @@ class Selection:
     candidates: int
     stream_names: list[str]
     decontamination: Decontamination | None = None
+    centroids: CentroidSet | None = None
 
 
 def select(
@@ -116,7 +120,9 @@ def select(
     table = _drop_where(table, pc.is_null(table["stream"]), "no_stream", drops)
 
     report("embeddings", 0.0)
-    table, decontamination = _embedding_drops(catalog, recipe, pin, table, eval_ids, drops)
+    table, decontamination, centroids = _embedding_drops(
+        catalog, recipe, pin, table, eval_ids, drops
+    )
     report("embeddings", 1.0)
     table = _phase_gate(recipe, table, drops)
     table = table.sort_by([("rung", "ascending"), ("clip_id", "ascending")])
@@ -126,6 +132,7 @@ def select(
         candidates=candidates,
         stream_names=[s.name for s in recipe.streams],
         decontamination=decontamination,
+        centroids=centroids,
     )
 
 
@@ -288,7 +295,7 @@ def _embedding_drops(
     table: pa.Table,
     eval_ids: list[str],
     drops: dict[str, int],
-) -> tuple[pa.Table, Decontamination | None]:
+) -> tuple[pa.Table, Decontamination | None, CentroidSet | None]:
     clip_ids = pc.unique(table["clip_id"])
     excl = recipe.exclusions.eval_near_duplicates
     found = None
@@ -304,7 +311,9 @@ def _embedding_drops(
             drops,
         )
     dd = recipe.semantic_dedup
+    centroids = None
     if dd is not None and table.num_rows:
+        centroids = pinned_centroids(catalog, recipe, pin)
         clips = _one_row_per_clip(table, f"score_{dd.rank_by}")
         index = catalog.embeddings(
             dd.embedding_model, version=pin.embeddings.get(dd.embedding_model)
@@ -314,10 +323,8 @@ def _embedding_drops(
             clips["clip_id"].to_pylist(),
             _scores(clips, f"score_{dd.rank_by}", dd.higher_is_better),
             eps=dd.eps,
+            centroids=centroids.centroids,
             keep_per_cluster=dd.keep_per_cluster,
-            cluster_size=dd.cluster_size,
-            num_clusters=dd.num_clusters,
-            seed=recipe.seed,
         )
         table = _drop_where(
             table,
@@ -325,7 +332,25 @@ def _embedding_drops(
             "semantic_dedup",
             drops,
         )
-    return table, found
+    return table, found, centroids
+
+
+def pinned_centroids(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin) -> CentroidSet:
+    """The centroid version ``pin`` names for the recipe's semantic dedup (a pin that
+    names none, as :func:`~materializer.validate.resolve_pin` with ``fit=False``
+    leaves it before the first fit, gets version 1, fitted now)."""
+    from materializer.validate import pin_centroids
+
+    dd = recipe.semantic_dedup
+    if dd is None:
+        raise InvalidInput("the recipe has no semantic_dedup", field="semantic_dedup")
+    version = pin_centroids(catalog, recipe, pin).centroids.get(dd.embedding_model)
+    if version is None:
+        raise InvalidInput(
+            f"no vectors of {dd.embedding_model!r} at the pin to fit centroids to",
+            field="semantic_dedup.embedding_model",
+        )
+    return CentroidStore(catalog.objects).get(CentroidConfig.of(dd), version)
 
 
 def _one_row_per_clip(table: pa.Table, score_col: str) -> pa.Table:

@@ -41,13 +41,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.errors import InvalidRecipe, NotFound
-from catalog.pins import Pin, embedding_key
+from catalog.pins import Pin, centroids_key, embedding_key
 from materializer.recipe import Recipe
 
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog
 
-__all__ = ["CatalogCheck", "Coverage", "KnownValues", "check_recipe", "resolve_pin"]
+__all__ = [
+    "CatalogCheck",
+    "Coverage",
+    "KnownValues",
+    "check_recipe",
+    "pin_centroids",
+    "resolve_pin",
+]
 
 _SHOWN = 50  # known values listed in a message (``known`` holds them all)
 
@@ -124,24 +131,51 @@ class _Problems:
         )
 
 
-def resolve_pin(catalog: VidlakeCatalog, recipe: Recipe) -> Pin:
+def resolve_pin(catalog: VidlakeCatalog, recipe: Recipe, *, fit: bool = True) -> Pin:
     """The recipe's pin, covering every input the cut reads.
 
     ``latest``: the catalog's current Iceberg snapshots and the current LanceDB
     version of each embedding model the recipe reads. An explicit pin is taken as
     written; one that names no embedding versions (written before pins covered
     embeddings) reads each model at its current version, which the snapshot records.
+
+    With ``semantic_dedup``, the pin also names the centroid version
+    (``centroids/<model>``): the pinned one (which must exist), else the latest fitted
+    for the recipe's dedup config, else, with ``fit``, version 1 fitted now from the
+    pinned vectors (:mod:`materializer.centroids`; a check that must not write passes
+    ``fit=False`` and gets a pin without it).
     """
     models = recipe.embedding_models()
     if recipe.catalog_pin == "latest":
-        return catalog.pin(embeddings=models)
-    pin = Pin.from_dict(recipe.catalog_pin)
-    missing = [m for m in models if m not in pin.embeddings]
-    if not missing:
-        return pin
-    from catalog.embeddings import current_versions
+        pin = catalog.pin(embeddings=models)
+    else:
+        pin = Pin.from_dict(recipe.catalog_pin)
+        missing = [m for m in models if m not in pin.embeddings]
+        if missing:
+            from catalog.embeddings import current_versions
 
-    return pin.with_embeddings(current_versions(catalog.config.lance, missing))
+            pin = pin.with_embeddings(current_versions(catalog.config.lance, missing))
+    return pin_centroids(catalog, recipe, pin, fit=fit)
+
+
+def pin_centroids(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin, *, fit: bool = True) -> Pin:
+    """``pin`` with the semantic dedup's centroid version (see :func:`resolve_pin`)."""
+    from materializer.centroids import CentroidConfig, CentroidStore
+
+    dd = recipe.semantic_dedup
+    if dd is None or dd.embedding_model in pin.centroids:
+        return pin
+    if pin.embeddings.get(dd.embedding_model) is None:
+        return pin  # no vectors to fit to: check_recipe reports the model
+    store = CentroidStore(catalog.objects)
+    config = CentroidConfig.of(dd)
+    found = store.latest(config)
+    if found is None and fit:
+        index = catalog.embeddings(
+            dd.embedding_model, version=pin.embeddings.get(dd.embedding_model)
+        )
+        found = store.ensure(config, index)
+    return pin if found is None else pin.with_centroids({dd.embedding_model: found.version})
 
 
 def check_recipe(
@@ -160,7 +194,7 @@ def check_recipe(
         InvalidRecipe: ``path``, ``value`` and ``known`` of the first problem;
             ``errors`` lists every problem found.
     """
-    pin = resolve_pin(catalog, recipe) if pin is None else pin
+    pin = resolve_pin(catalog, recipe, fit=False) if pin is None else pin
     problems = _Problems()
     _check_snapshots(catalog, recipe, pin, problems)
     problems.raise_any()  # nothing below can be read at a pin that does not exist
@@ -169,6 +203,7 @@ def check_recipe(
     _check_scores(recipe, known, problems)
     _check_captions(recipe, known, problems)
     usable = _check_embeddings(catalog, recipe, pin, known, problems)
+    _check_centroids(catalog, recipe, pin, problems)
     coverage = _check_coverage(catalog, recipe, pin, usable, problems)
     problems.raise_any()
     counts = None
@@ -319,6 +354,23 @@ def _check_embeddings(
             continue
         usable.add(model)
     return usable
+
+
+def _check_centroids(
+    catalog: VidlakeCatalog, recipe: Recipe, pin: Pin, problems: _Problems
+) -> None:
+    """A pinned centroid version must exist for the recipe's dedup config."""
+    from materializer.centroids import CentroidConfig, CentroidStore
+
+    dd = recipe.semantic_dedup
+    version = None if dd is None else pin.centroids.get(dd.embedding_model)
+    if dd is None or version is None:
+        return
+    try:
+        CentroidStore(catalog.objects).get(CentroidConfig.of(dd), version)
+    except NotFound as exc:
+        path = f"catalog_pin.{centroids_key(dd.embedding_model)}"
+        problems.add(path, exc.message, version, getattr(exc, "known", None))
 
 
 def _check_coverage(

@@ -34,6 +34,7 @@ from service.loopback import OpenModeGuard, check_listening, watch_listening
 from service.metrics import MetricsMiddleware
 from service.routers import (
     dashboard,
+    dedup,
     erasures,
     health,
     ingest,
@@ -179,6 +180,7 @@ def create_app(
         lineage,
         objects,
         tags,
+        dedup,
         health,
         dashboard,
     ):

@@ -13,7 +13,8 @@ The commands live by group: :mod:`service.cli_catalog` (ingest, takedowns, erasu
 :mod:`service.cli_snapshots` (cut, validate, versions, patches, pins),
 :mod:`service.cli_query` (SQL, lineage, steps, jobs), :mod:`service.cli_objects`
 (object uploads), :mod:`service.cli_report` (plan quality), :mod:`service.cli_cache`,
-:mod:`service.cli_storage`, :mod:`service.cli_tags` and :mod:`service.cli_interop`.
+:mod:`service.cli_storage`, :mod:`service.cli_tags`, :mod:`service.cli_dedup` and
+:mod:`service.cli_interop`.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from service import (
 )
 from service.cli_cache import cache_app
 from service.cli_common import JsonOpt, emit, err, out
+from service.cli_dedup import dedup_app
 from service.cli_examples import attach as attach_examples
 from service.cli_interop import export_app, import_app
 from service.cli_storage import storage_app
@@ -53,6 +55,7 @@ app = typer.Typer(
 app.add_typer(cache_app, name="cache")
 app.add_typer(storage_app, name="storage")
 app.add_typer(tags_app, name="tags")
+app.add_typer(dedup_app, name="dedup")
 app.add_typer(import_app, name="import")
 app.add_typer(export_app, name="export")
 

@@ -80,6 +80,12 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "import corrupt-members": (f"vidlake import corrupt-members {_URL}   # scope: read",),
     "tags list": (f"vidlake tags list {_URL}   # scope: read",),
     "tags backfill": (f"vidlake tags backfill {_URL}   # scope: admin",),
+    "dedup fit": (
+        f"vidlake dedup fit --model siglip-v2 --cluster-size 5000 {_URL}   # scope: admin",
+    ),
+    "dedup list": (
+        f"vidlake dedup list --model siglip-v2 --cluster-size 5000 {_URL}   # scope: read",
+    ),
     "export tar-shards": ("vidlake export tar-shards --snapshot 3 --out /data/shards",),
 }
 

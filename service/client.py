@@ -154,6 +154,26 @@ class Client(Protocol):
         """Tag every registered version's snapshots (``TagsBackfillPublic``)."""
         ...
 
+    def fit_centroids(
+        self,
+        embedding_model: str,
+        *,
+        num_clusters: int | None = None,
+        cluster_size: int | None = None,
+    ) -> dict[str, Any]:
+        """Fit a new semantic-dedup centroid version (``CentroidsPublic``)."""
+        ...
+
+    def centroids(
+        self,
+        embedding_model: str,
+        *,
+        num_clusters: int | None = None,
+        cluster_size: int | None = None,
+    ) -> dict[str, Any]:
+        """The fitted centroid versions of one family (``CentroidsVersions``)."""
+        ...
+
     def sql(
         self, query: str, *, snapshot: int | None = None, limit: int | None = None
     ) -> dict[str, Any]:
@@ -471,6 +491,36 @@ class HttpClient:
 
     def backfill_tags(self) -> dict[str, Any]:
         result: dict[str, Any] = self._call("POST", "/v1/tags/backfill")
+        return result
+
+    def fit_centroids(
+        self,
+        embedding_model: str,
+        *,
+        num_clusters: int | None = None,
+        cluster_size: int | None = None,
+    ) -> dict[str, Any]:
+        body = {
+            "embedding_model": embedding_model,
+            "num_clusters": num_clusters,
+            "cluster_size": cluster_size,
+        }
+        result: dict[str, Any] = self._call("POST", "/v1/dedup/centroids", json=body)
+        return result
+
+    def centroids(
+        self,
+        embedding_model: str,
+        *,
+        num_clusters: int | None = None,
+        cluster_size: int | None = None,
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"embedding_model": embedding_model}
+        if num_clusters is not None:
+            params["num_clusters"] = num_clusters
+        if cluster_size is not None:
+            params["cluster_size"] = cluster_size
+        result: dict[str, Any] = self._call("GET", "/v1/dedup/centroids", params=params)
         return result
 
     def sql(

@@ -197,6 +197,40 @@ class LocalClient:
 
         return _json(backfill_tags(self.services))
 
+    def fit_centroids(
+        self,
+        embedding_model: str,
+        *,
+        num_clusters: int | None = None,
+        cluster_size: int | None = None,
+    ) -> dict[str, Any]:
+        from service.dedup import CentroidsCreate, fit_centroids
+
+        body = _body(
+            CentroidsCreate,
+            embedding_model=embedding_model,
+            num_clusters=num_clusters,
+            cluster_size=cluster_size,
+        )
+        return _json(fit_centroids(self.services, body))
+
+    def centroids(
+        self,
+        embedding_model: str,
+        *,
+        num_clusters: int | None = None,
+        cluster_size: int | None = None,
+    ) -> dict[str, Any]:
+        from service.dedup import CentroidsCreate, list_centroids
+
+        body = _body(
+            CentroidsCreate,
+            embedding_model=embedding_model,
+            num_clusters=num_clusters,
+            cluster_size=cluster_size,
+        )
+        return _json(list_centroids(self.services, body))
+
     def sql(
         self, query: str, *, snapshot: int | None = None, limit: int | None = None
     ) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from service.auth import Authenticator, Principal, check_bind, load_tokens
 from service.eval_objects import EvalObjects
 from service.eval_versions import EvalVersions
-from service.jobs import JobRecord, JobRunner, JobStore
+from service.jobs import JobRecord, JobRunner, open_job_store
 from service.metrics import Metrics
 from service.settings import Settings
 from service.snapshot_reader import SnapshotReader
@@ -213,7 +213,11 @@ class Services:
     def runner(self) -> JobRunner:
         with self._lock:
             if self._runner is None:
-                store = JobStore(self.service_dir / "jobs.db")
+                store = open_job_store(
+                    self.settings.resolved()["catalog_uri"],
+                    self.settings.namespace,
+                    self.service_dir,
+                )
                 self._runner = JobRunner(store, workers=2, on_finish=self._job_finished)
                 self.metrics.watch_jobs(store.counts)
             return self._runner

@@ -15,7 +15,7 @@ from typing import Annotated
 
 from pydantic import Field, model_validator
 
-from catalog.pins import EMBEDDINGS_PREFIX, embedding_key
+from catalog.pins import CENTROIDS_PREFIX, EMBEDDINGS_PREFIX, embedding_key
 from materializer.predicates import clip_view_columns, validate_predicate
 from materializer.recipe.fields import Label, Model, Version, check_unique, fail, unknown
 from materializer.recipe.pin import CatalogPin
@@ -152,6 +152,7 @@ class Recipe(Model):
             return
         named = [k for k in self.catalog_pin if k.startswith(EMBEDDINGS_PREFIX)]
         if not named:
+            self._check_centroid_pins()
             return
         models = self.embedding_models()
         for key in named:
@@ -167,6 +168,22 @@ class Recipe(Model):
                 raise fail(
                     f"catalog_pin.{embedding_key(model)}",
                     f"the pin names embedding versions but not {embedding_key(model)!r}",
+                )
+        self._check_centroid_pins()
+
+    def _check_centroid_pins(self) -> None:
+        """An explicit ``centroids/<model>`` key belongs to the semantic dedup's model."""
+        if isinstance(self.catalog_pin, str):
+            return
+        dd = self.semantic_dedup
+        for key in self.catalog_pin:
+            if key.startswith(CENTROIDS_PREFIX) and (
+                dd is None or key[len(CENTROIDS_PREFIX) :] != dd.embedding_model
+            ):
+                want = "no semantic_dedup" if dd is None else repr(dd.embedding_model)
+                raise fail(
+                    f"catalog_pin.{key}",
+                    f"centroids pinned for a model the semantic dedup does not use ({want})",
                 )
 
     def _normalised_predicates(self) -> Recipe:

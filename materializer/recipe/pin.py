@@ -1,5 +1,6 @@
 """A recipe's ``catalog_pin``: ``"latest"``, or a snapshot id for every table a cut
-reads (and, optionally, a LanceDB version per embedding model read)."""
+reads (and, optionally, a LanceDB version per embedding model read, and the
+semantic-dedup centroid version, ``centroids/<model>``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import PlainSerializer, PlainValidator
 
-from catalog.pins import EMBEDDINGS_PREFIX
+from catalog.pins import CENTROIDS_PREFIX, EMBEDDINGS_PREFIX
 from catalog.table_names import TABLE_NAMES
 from materializer.recipe.fields import fail
 
@@ -32,6 +33,9 @@ def _catalog_pin(value: Any) -> Any:
     for table, snap in value.items():
         if isinstance(table, str) and table.startswith(EMBEDDINGS_PREFIX):
             _check_embedding_pin(table, snap)
+            continue
+        if isinstance(table, str) and table.startswith(CENTROIDS_PREFIX):
+            _check_centroid_pin(table, snap)
             continue
         if table not in known:
             raise fail(f"{table}", f"unknown table {table!r} (pinnable: {', '.join(known)})")
@@ -57,6 +61,13 @@ def _check_embedding_pin(key: str, version: Any) -> None:
         isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 2**63
     ):
         raise fail(key, f"a LanceDB table version is an integer >= 1, got {version!r}")
+
+
+def _check_centroid_pin(key: str, version: Any) -> None:
+    if not key[len(CENTROIDS_PREFIX) :]:
+        raise fail(key, f"{key!r} names no embedding model ('centroids/<model version>')")
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version < 2**63:
+        raise fail(key, f"a centroid version is an integer >= 1, got {version!r}")
 
 
 _PinJson = Literal["latest"] | dict[str, int | None]

@@ -233,7 +233,11 @@ def test_an_explicit_pin_without_embeddings_still_cuts_and_records_what_it_read(
         catalog, load_recipe({**_demo(), "catalog_pin": old_style}), _mkdir(tmp_path / "c")
     )
     current = catalog.embeddings(MODEL).version
-    assert snap["catalog_snapshot_ids"] == {**old_style, f"embeddings/{MODEL}": current}
+    assert snap["catalog_snapshot_ids"] == {
+        **old_style,
+        f"embeddings/{MODEL}": current,
+        f"centroids/{MODEL}": 1,  # the semantic dedup's centroids, fitted by the first cut
+    }
 
 
 def test_a_pinned_embedding_version_that_does_not_exist_is_refused(
