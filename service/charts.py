@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import html
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -68,6 +68,8 @@ def _fmt(value: float | int | None) -> str:
         return "—"
     if isinstance(value, int):
         return f"{value:,}"
+    if value.is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
     return f"{value:,.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.3e}"
 
 
@@ -131,9 +133,10 @@ class _Frame:
             for t in ticks:
                 x = self.px(t)
                 text = x_format(t) if x_format is not None else _fmt(t)
+                anchor = "end" if x > _LEFT + self.pw - 30 else "middle"
                 parts.append(
                     f'<text class="tick" x="{x:.1f}" y="{_TOP + self.ph + 14}" '
-                    f'text-anchor="middle">{_e(text)}</text>'
+                    f'text-anchor="{anchor}">{_e(text)}</text>'
                 )
         parts.append(
             f'<text class="axis-label" x="{_LEFT + self.pw / 2:.0f}" y="{_H - 6}" '
@@ -164,10 +167,13 @@ class _Frame:
         )
 
 
-def _figure(chart_id: str, title: str, desc: str, svg_body: str, table: str) -> str:
+def _figure(
+    chart_id: str, title: str, desc: str, svg_body: str, table: str, *, height: int = _H
+) -> str:
     cid = _e(chart_id)
     svg = (
-        f'<svg class="chart" viewBox="0 0 {_W} {_H}" width="{_W}" height="{_H}" role="img" '
+        f'<svg class="chart" viewBox="0 0 {_W} {height}" width="{_W}" height="{height}" '
+        'role="img" '
         f'aria-labelledby="{cid}-title {cid}-desc" data-chart="{cid}">'
         f'<title id="{cid}-title">{_e(title)}</title><desc id="{cid}-desc">{_e(desc)}</desc>'
         f"{svg_body}</svg>"
@@ -245,7 +251,7 @@ def bar_chart(
         y_a, y_b = frame.py(max(value, 0)), frame.py(min(value, 0))
         x = _LEFT + i * slot + slot * 0.1
         parts.append(
-            f'<rect class="bar" x="{x:.1f}" y="{y_a:.1f}" width="{slot * 0.8:.1f}" '
+            f'<rect class="plot-bar" x="{x:.1f}" y="{y_a:.1f}" width="{slot * 0.8:.1f}" '
             f'height="{max(y_b - y_a, 0.5):.1f}" fill="{PALETTE[i % len(PALETTE)]}" '
             f'data-label="{_e(label)}" data-value="{_num(value)}">'
             f"<title>{_e(label)}: {_e(_fmt(value))}</title></rect>"
@@ -360,7 +366,8 @@ def histogram_overlay(
             x_a, x_b, y = frame.px(edges[b]), frame.px(edges[b + 1]), frame.py(float(v))
             label = f"[{_fmt(edges[b])}, {_fmt(edges[b + 1])})"
             parts.append(
-                f'<rect class="bar" x="{x_a:.1f}" y="{y:.1f}" width="{max(x_b - x_a, 0.5):.1f}" '
+                f'<rect class="plot-bar" x="{x_a:.1f}" y="{y:.1f}" '
+                f'width="{max(x_b - x_a, 0.5):.1f}" '
                 f'height="{_TOP + frame.ph - y:.1f}" fill="{color}" fill-opacity="0.45" '
                 f'stroke="{color}" data-series="{_e(name)}" data-label="{_e(label)}" '
                 f'data-value="{_num(v)}"><title>{_e(name)} {_e(label)}: {_e(_fmt(v))}'
@@ -375,34 +382,42 @@ def histogram_overlay(
     return _figure(chart_id, title, desc, "".join(parts), table)
 
 
-def funnel_chart(chart_id: str, title: str, stages: Sequence[tuple[str, int]]) -> str:
+def funnel_chart(
+    chart_id: str,
+    title: str,
+    stages: Sequence[tuple[str, int]],
+    *,
+    drops: Collection[str] = (),
+) -> str:
     """Horizontal bars from the first stage (all candidates) down: each stage's width is
-    its count relative to the first. The table adds each stage's share of the first."""
+    its count relative to the first (capped at the first's). Stages named in ``drops``
+    are drawn as losses. The table adds each stage's share of the first."""
     stages = [(str(k), v) for k, v in stages if _finite(v)]
     if not stages or stages[0][1] <= 0:
         return _empty(chart_id, title)
     first = stages[0][1]
-    row_h = min(28.0, (_H - _TOP - 8) / len(stages))
+    row_h = 18.0
+    height = int(_TOP + row_h * len(stages) + 28)
     label_w, plot_w = 170, _W - 170 - _RIGHT - 60
     parts = []
     for i, (label, value) in enumerate(stages):
         y = _TOP + i * row_h
-        w = max(plot_w * max(value, 0) / first, 0.5)
+        w = max(plot_w * min(max(value, 0) / first, 1.0), 0.5)
         parts.append(
             f'<text class="tick" x="{label_w - 6}" y="{y + row_h * 0.62:.1f}" text-anchor="end">'
             f"{_e(label[:28])}</text>"
-            f'<rect class="bar" x="{label_w}" y="{y + 2:.1f}" width="{w:.1f}" '
-            f'height="{row_h - 4:.1f}" fill="{_STAGE if i in (0, len(stages) - 1) else _DROP}" '
+            f'<rect class="plot-bar" x="{label_w}" y="{y + 2:.1f}" width="{w:.1f}" '
+            f'height="{row_h - 4:.1f}" fill="{_DROP if label in drops else _STAGE}" '
             f'data-label="{_e(label)}" data-value="{_num(value)}">'
             f"<title>{_e(label)}: {_e(_fmt(value))}</title></rect>"
             f'<text class="tick" x="{label_w + w + 4:.1f}" y="{y + row_h * 0.62:.1f}">'
             f"{_e(_fmt(value))}</text>"
         )
     parts.append(
-        f'<text class="axis-label" x="{label_w + plot_w / 2:.0f}" y="{_H - 6}" '
+        f'<text class="axis-label" x="{label_w + plot_w / 2:.0f}" y="{height - 6}" '
         f'text-anchor="middle">count (share of {_e(stages[0][0])})</text>'
     )
     rows = [[k, v, f"{v / first:.1%}"] for k, v in stages]
     desc = " → ".join(f"{k} {_fmt(v)}" for k, v in stages)
     table = _table(["stage", "count", "of first"], rows, title)
-    return _figure(chart_id, title, desc, "".join(parts), table)
+    return _figure(chart_id, title, desc, "".join(parts), table, height=height)

@@ -80,7 +80,8 @@ def _by_count(item: tuple[str, int]) -> tuple[int, str]:
 def snapshot_sections(version: int, snapshot: Mapping[str, Any]) -> str:
     """The funnel, the stream shares per phase and the bucket histogram."""
     stages = funnel_stages(snapshot)
-    funnel = funnel_chart(f"funnel-v{version}", f"v{version}: drop funnel", stages)
+    drops = {k for k, _ in stages if k.startswith("drop: ")}
+    funnel = funnel_chart(f"funnel-v{version}", f"v{version}: drop funnel", stages, drops=drops)
     phases = [p for p in _list(snapshot.get("phases")) if isinstance(p, Mapping)]
     shares = [
         bar_chart(
