@@ -265,10 +265,12 @@ def _drift_headline(report: Mapping[str, Any]) -> str:
     ]
     body = "".join(
         f'<tr><th>{_e(k)}</th><td class="num" data-key="{_e(k)}" data-value="{_e(v)}">'
-        f"{_e(v)}</td></tr>"
+        f"{_e('—' if v is None else v)}</td></tr>"
         for k, v in rows
-        if v is not None
     )
+    if not sl.get("clips"):
+        body += '<tr><td colspan="2" class="empty">the reference slice holds no clips yet</td></tr>'
+
     q = _dict(report.get("quantiles"))
     qrows = "".join(
         f"<tr><td>{_e(p)}</td><td class='num'>{_e(x)}</td><td class='num'>{_e(y)}</td></tr>"
