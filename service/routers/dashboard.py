@@ -242,7 +242,11 @@ def snapshot_page(version: int, services: Svc, principal: Reader) -> HTMLRespons
 @router.get(
     "/dashboard/drift",
     response_class=HTMLResponse,
-    responses={**_HTML_RESPONSES, 404: {"description": "No scores at a version (HTML)"}},
+    responses={
+        **_HTML_RESPONSES,
+        404: {"description": "The filter has no scores at a version (an HTML page)"},
+        422: {"description": "A bad filter name, version or threshold (an HTML page)"},
+    },
     summary="Filter drift between two score versions on the reference slice (HTML)",
 )
 def drift_page(
@@ -260,7 +264,7 @@ def drift_page(
         from service.drift import drift_report
     except ImportError:
         msg = '<p class="error">this build has no drift reports (service.drift)</p>'
-        return _page("filter drift", form + msg, status=501)
+        return _page("filter drift", form + msg, status=404)
     try:
         report = drift_report(services, filter, a, b, threshold=threshold)
     except VidlakeError as exc:

@@ -140,3 +140,49 @@ def test_no_operations_says_where_status_files_go(world: World, tmp_path: Path) 
         metrics = client.get("/metrics").text
     assert "no storage operations" in page and str(tmp_path / "none") in page
     assert "vidlake_storage_op_running{" not in metrics
+
+
+@pytest.mark.s3
+def test_cli_upload_and_watch_write_into_the_status_directory(
+    s3_server: str, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no --status-file, both commands write where the service reads
+    (VIDLAKE_STORAGE_STATUS_DIR), and a finished run says so."""
+    from typer.testing import CliRunner
+
+    from catalog.hashing import sha256_file
+    from manifests.storage.inventory import Inventory, InventoryEntry
+    from service.cli import app
+    from service.settings import get_settings
+
+    directory = tmp_path / "status"
+    monkeypatch.setenv("VIDLAKE_STORAGE_STATUS_DIR", str(directory))
+    get_settings.cache_clear()
+    try:
+        data = tmp_path / "gpu"
+        data.mkdir()
+        blobs = [data / f"h{i}.bin" for i in range(3)]
+        for i, blob in enumerate(blobs):
+            blob.write_bytes(bytes([i]) * (1000 + i))
+        entries = [InventoryEntry.of("watched", b, sha256=sha256_file(b)[0]) for b in blobs]
+        inv = Inventory({"vidlake_inventory": 1}, tuple(entries)).write(tmp_path / "inv.jsonl")
+        s3 = ["--bucket", s3_bucket, "--prefix", "st", "--endpoint-url", s3_server]
+        rdir = ["--receipts-dir", str(tmp_path / "r")]
+        runner = CliRunner()
+        up = runner.invoke(
+            app, ["storage", "upload", str(inv), "--name", "n1", *rdir, *s3, "--json"]
+        )
+        assert up.exit_code == 0, up.output
+        (data / "h0.bin.done").write_text("")
+        args = ["storage", "watch", str(data), "--name", "gpu", *rdir, *s3, "--json"]
+        watch = runner.invoke(app, [*args, "--passes", "1", "--poll-seconds", "0"])
+        assert watch.exit_code == 0, watch.output
+    finally:
+        get_settings.cache_clear()
+    ops = {op.kind: op for op in read_statuses(directory)}
+    assert ops["upload"].state == "done" and ops["upload"].name == "n1"
+    assert (ops["upload"].files_done, ops["upload"].bytes_total) == (3, 3003)
+    assert ops["upload"].progress == 1.0
+    assert ops["watch"].state == "stopped" and ops["watch"].name == "gpu"
+    # its own receipts: the marked file went up, the two others wait to be stable
+    assert ops["watch"].files_done == 1 and ops["watch"].backlog_files == 2
