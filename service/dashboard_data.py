@@ -152,13 +152,20 @@ def _headline(quality: Mapping[str, Any]) -> str:
     ]
     body = "".join(
         f'<tr><th>{_e(k)}</th><td class="num" data-key="{_e(k)}" data-value="{_e(v)}">'
-        f"{_e(v)}</td><td>{_e(_limit(k, thresholds, must))}</td></tr>"
+        f"{_e(_short(v))}</td><td>{_e(_limit(k, thresholds, must))}</td></tr>"
         for k, v, must in rows
     )
     return (
         '<table class="headline"><thead><tr><th>figure</th><th>value</th><th>limit</th></tr>'
         f"</thead><tbody>{body}</tbody></table>"
     )
+
+
+def _short(value: object) -> str:
+    """A figure as people read it (the exact one stays in ``data-value``)."""
+    if value is None:
+        return "—"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _limit(key: str, thresholds: Mapping[str, Any], must: object) -> str:
@@ -223,7 +230,7 @@ def _share_chart(version: int, i: int, phase: Any) -> str:
     return line(
         f"share-v{version}-{i}",
         f"phase {phase.get('name', i)}: stream share over {phase.get('steps', '?')} steps "
-        f"(max |dev| {dev})",
+        f"(max |dev| {_short(dev)})",
         _list(windows.get("start_step")),
         series,
         x_label="window start step",
@@ -265,7 +272,7 @@ def _drift_headline(report: Mapping[str, Any]) -> str:
     ]
     body = "".join(
         f'<tr><th>{_e(k)}</th><td class="num" data-key="{_e(k)}" data-value="{_e(v)}">'
-        f"{_e('—' if v is None else v)}</td></tr>"
+        f"{_e(_short(v))}</td></tr>"
         for k, v in rows
     )
     if not sl.get("clips"):
