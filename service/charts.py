@@ -303,9 +303,10 @@ def line_chart(
     for i, name in enumerate(names):
         color = PALETTE[i % len(PALETTE)]
         pts = _points(x, series[name])
+        radius = 3.0 if len(x) <= 30 else 1.6  # few points: each must be seen on its own
         path = " ".join(f"{frame.px(xv):.1f},{frame.py(yv):.1f}" for xv, yv, _ in pts)
         dots = "".join(
-            f'<circle class="point" cx="{frame.px(xv):.1f}" cy="{frame.py(yv):.1f}" r="1.6" '
+            f'<circle class="point" cx="{frame.px(xv):.1f}" cy="{frame.py(yv):.1f}" r="{radius}" '
             f'fill="{color}" data-series="{_e(name)}" data-label="{_e(_num(x_raw))}" '
             f'data-value="{_num(y_raw)}"><title>{_e(name)} @ {_e(_fmt(x_raw))}: '
             f"{_e(_fmt(y_raw))}</title></circle>"

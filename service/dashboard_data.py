@@ -280,7 +280,8 @@ def _drift_headline(report: Mapping[str, Any]) -> str:
 
     q = _dict(report.get("quantiles"))
     qrows = "".join(
-        f"<tr><td>{_e(p)}</td><td class='num'>{_e(x)}</td><td class='num'>{_e(y)}</td></tr>"
+        f"<tr><td>{_e(p)}</td><td class='num'>{_e(_short(x))}</td>"
+        f"<td class='num'>{_e(_short(y))}</td></tr>"
         for p, x, y in zip(_list(q.get("q")), _list(q.get("a")), _list(q.get("b")), strict=False)
     )
     return (
