@@ -286,7 +286,7 @@ def _drift_headline(report: Mapping[str, Any]) -> str:
     )
     return (
         f'<div class="tables"><table class="headline"><tbody>{body}</tbody></table>'
-        '<table class="values"><caption>quantiles</caption><thead><tr><th>q</th><th>a</th>'
+        '<table class="quantiles"><caption>quantiles</caption><thead><tr><th>q</th><th>a</th>'
         f"<th>b</th></tr></thead><tbody>{qrows}</tbody></table></div>"
     )
 
