@@ -390,20 +390,20 @@ def funnel_chart(
     *,
     drops: Collection[str] = (),
 ) -> str:
-    """Horizontal bars from the first stage (all candidates) down: each stage's width is
-    its count relative to the first (capped at the first's). Stages named in ``drops``
-    are drawn as losses. The table adds each stage's share of the first."""
+    """Horizontal bars from the first stage (all candidates) down, each as wide as its
+    count relative to the largest stage. Stages named in ``drops`` are drawn as losses.
+    The table adds each stage's share of the first."""
     stages = [(str(k), v) for k, v in stages if _finite(v)]
     if not stages or stages[0][1] <= 0:
         return _empty(chart_id, title)
-    first = stages[0][1]
+    first, top = stages[0][1], max(v for _, v in stages)
     row_h = 18.0
     height = int(_TOP + row_h * len(stages) + 28)
     label_w, plot_w = 170, _W - 170 - _RIGHT - 60
     parts = []
     for i, (label, value) in enumerate(stages):
         y = _TOP + i * row_h
-        w = max(plot_w * min(max(value, 0) / first, 1.0), 0.5)
+        w = max(plot_w * max(value, 0) / top, 0.5)
         parts.append(
             f'<text class="tick" x="{label_w - 6}" y="{y + row_h * 0.62:.1f}" text-anchor="end">'
             f"{_e(label[:28])}</text>"
@@ -416,7 +416,7 @@ def funnel_chart(
         )
     parts.append(
         f'<text class="axis-label" x="{label_w + plot_w / 2:.0f}" y="{height - 6}" '
-        f'text-anchor="middle">count (share of {_e(stages[0][0])})</text>'
+        f'text-anchor="middle">count</text>'
     )
     rows = [[k, v, f"{v / first:.1%}"] for k, v in stages]
     desc = " → ".join(f"{k} {_fmt(v)}" for k, v in stages)

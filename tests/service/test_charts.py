@@ -149,3 +149,10 @@ def test_hostile_labels_are_escaped_everywhere() -> None:
         assert labelled  # the parser un-escapes attributes: the name arrives intact
         assert any(HOSTILE in (p.get("data-series", ""), p.get("data-label", "")) for p in labelled)
         assert root.tag == "figure"
+
+
+def test_funnel_scales_to_its_largest_stage() -> None:
+    """Samples can outnumber candidates (epochs > 1): no bar leaves the plot."""
+    html = funnel_chart("f", "funnel", [("candidates", 100), ("samples", 250)])
+    widths = [float(b["width"]) + float(b["x"]) for b in plotted(html)]
+    assert max(widths) <= 520 and math.isclose(widths[0] - 170, (widths[1] - 170) * 0.4)

@@ -24,7 +24,7 @@ from service.dashboard_data import drift_sections, ingest_bins, quality_sections
 from service.demo.corpus import generate_corpus
 from service.settings import Settings
 from tests.fixtures.recipes import small_corpus_demo
-from tests.service.support import TestClient, serve
+from tests.service.support import TestClient, World, serve
 from tests.service.test_dashboard import BROWSER_FLAGS, CHROMIUM
 
 HOSTILE = "<b>web</b>\"'&"
@@ -318,3 +318,19 @@ def test_chart_pages_in_headless_chromium(
     check_quality_charts(charts.stdout, QUALITY)
     check_drift_charts(charts.stdout, DRIFT)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_a_first_format_snapshot_still_draws(world: World) -> None:
+    """Snapshots written before per-phase shares and bucket keys: the overall shares
+    and the bucket counts as they were recorded, no failure."""
+    with TestClient(create_app(world.settings(), catalog=world.catalog)) as c:
+        r = c.get(f"/dashboard/snapshots/{world.versions[0]}")
+    assert r.status_code == 200
+    snap = dict(world.registry.get(world.versions[0]).snapshot)
+    v = world.versions[0]
+    shares = {p["data-label"]: float(p["data-value"]) for p in plotted(r.text, f"shares-v{v}-all")}
+    assert shares == snap["stream_shares"]
+    buckets = {p["data-label"]: int(p["data-value"]) for p in plotted(r.text, f"buckets-v{v}")}
+    assert buckets == snap["bucket_histogram"]
+    funnel = {p["data-label"]: int(p["data-value"]) for p in plotted(r.text, f"funnel-v{v}")}
+    assert funnel["samples"] == snap["counts"]["samples"]
