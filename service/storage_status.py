@@ -19,6 +19,7 @@ the reason), never skipped silently and never an error of the page.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import threading
@@ -42,6 +43,8 @@ __all__ = [
     "status_dir",
     "status_path",
 ]
+
+log = logging.getLogger("vidlake.storage")
 
 HEARTBEAT_S = 5.0
 STALE_S = 60.0
@@ -94,6 +97,7 @@ class UploadStatusFile:
         self._t0 = clock()
         self._first_bytes: int | None = None
         self._last_write = float("-inf")
+        self._warned = False
         self.doc: dict[str, Any] = {
             "format": 1,
             "kind": "upload",
@@ -161,12 +165,19 @@ class UploadStatusFile:
             self._write()
 
     def _write(self) -> None:
+        """Rewrite the file; a status file that cannot be written costs the dashboard
+        its panel, never the upload (one warning, then silence)."""
         with self._lock:
             self.doc["updated_at"] = _now_iso()
             self._last_write = self._clock()
             data = (json.dumps(self.doc, indent=2, sort_keys=True) + "\n").encode()
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_bytes(self.path, data)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                write_bytes(self.path, data)
+            except OSError as exc:
+                if not self._warned:
+                    log.warning("cannot write the status file %s: %s", self.path, exc)
+                    self._warned = True
 
 
 @dataclass(frozen=True)

@@ -186,3 +186,15 @@ def test_cli_upload_and_watch_write_into_the_status_directory(
     assert ops["watch"].state == "stopped" and ops["watch"].name == "gpu"
     # its own receipts: the marked file went up, the two others wait to be stable
     assert ops["watch"].files_done == 1 and ops["watch"].backlog_files == 2
+
+
+def test_an_unwritable_status_file_never_stops_the_upload(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")  # the status directory's place is taken by a file
+    with _upload(blocker) as status:
+        status.progress(1, 1)
+        status.finish(bytes_uploaded=1, failed=[])
+    assert status.doc["state"] == "done"
+    assert sum("cannot write the status file" in r.message for r in caplog.records) == 1
