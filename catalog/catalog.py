@@ -80,6 +80,7 @@ from catalog.commit import Ingester, Rows
 from catalog.config import CatalogConfig, IngestResult
 from catalog.errors import NotFound, StorageError, VidlakeError
 from catalog.ingest import Planner
+from catalog.ingest_history import IngestPoint, ingest_history
 from catalog.keycache import KeyCache, snapshot_id
 from catalog.objects import ObjectStore, open_store
 from catalog.pins import Pin
@@ -191,6 +192,11 @@ class VidlakeCatalog:
     def has_snapshot(self, table: str, sid: int) -> bool:
         """Whether ``table`` still holds snapshot ``sid`` (not expired)."""
         return self.iceberg_table(table).metadata.snapshot_by_id(sid) is not None
+
+    def ingest_history(self, table: str) -> list[IngestPoint]:
+        """Each commit of ``table`` still in its metadata: time, operation, records added
+        (:mod:`catalog.ingest_history`; no data read)."""
+        return ingest_history(self.iceberg_table(table))
 
     def row_count(self, table: str) -> int:
         """Rows of ``table``'s current snapshot, from its summary (no data read)."""

@@ -78,6 +78,23 @@ def _bar(what: str, total: int, quiet: bool) -> Iterator[Callable[[int], None]]:
         yield lambda done: progress.update(task, completed=done)
 
 
+StatusOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--status-file",
+        help="JSON status for the dashboard and /metrics "
+        "(default: VIDLAKE_STORAGE_STATUS_DIR/<kind>-NAME.json).",
+    ),
+]
+
+
+def _status_file(kind: str, name: str, given: Path | None) -> Path:
+    from service.settings import get_settings
+    from service.storage_status import status_dir, status_path
+
+    return given or status_path(status_dir(get_settings()), kind, name)
+
+
 def _fail(exc: Exception) -> None:
     from catalog.errors import VidlakeError
 
@@ -120,23 +137,41 @@ def upload(
     workers: Annotated[int, typer.Option("--workers")] = 8,
     receipts_dir: Annotated[Path, typer.Option("--receipts-dir")] = Path("receipts"),
     endpoint_url: EndpointOpt = None,
+    status_file: StatusOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Upload an inventory, content-addressed and verified; resumable; fails on any change."""
+    """Upload an inventory, content-addressed and verified; resumable; fails on any change.
+
+    Progress goes to a JSON status file the dashboard and ``/metrics`` show."""
     from manifests.storage.inventory import read_inventory
     from manifests.storage.upload import upload_entries
+    from service.storage_status import UploadStatusFile
 
     try:
         inv = read_inventory(inventory_file)
         store = _bucket_store(bucket, prefix, endpoint_url)
-        with _bar("upload", inv.total_bytes, as_json) as tick:
+        status = UploadStatusFile(
+            _status_file("upload", name, status_file),
+            name=name,
+            source=str(inventory_file),
+            store=store.url,
+            files_total=len(inv.entries),
+            bytes_total=inv.total_bytes,
+        )
+        with status, _bar("upload", inv.total_bytes, as_json) as tick:
+
+            def progress(done: int, files: int) -> None:
+                tick(done)
+                status.progress(done, files)
+
             report = upload_entries(
                 inv.entries,
                 store,
                 receipts_dir / f"{name}.jsonl",
                 workers=workers,
-                progress=lambda b, _n: tick(b),
+                progress=progress,
             )
+            status.finish(bytes_uploaded=report.bytes_uploaded, failed=report.failed)
     except Exception as exc:
         _fail(exc)
         return
@@ -290,9 +325,7 @@ def watch(
         "watch"
     ),
     receipts_dir: Annotated[Path, typer.Option("--receipts-dir")] = Path("receipts"),
-    status_file: Annotated[
-        Path, typer.Option("--status-file", help="JSON status for the dashboard.")
-    ] = Path("watch-status.json"),
+    status_file: StatusOpt = None,
     stable_seconds: Annotated[float, typer.Option("--stable-seconds")] = 30.0,
     require_marker: Annotated[
         bool, typer.Option("--require-marker", help="Only upload files with a NAME.done marker.")
@@ -324,10 +357,11 @@ def watch(
             directory,
             store,
             receipts_dir / f"{name}.jsonl",
-            status_file,
+            _status_file("watch", name, status_file),
             stable_s=stable_seconds,
             workers=workers,
             require_marker=require_marker,
+            name=name,
         )
         if as_json:
             status = watcher.run(poll_seconds, max_passes=passes)

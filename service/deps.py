@@ -29,6 +29,7 @@ from service.metrics import Metrics
 from service.settings import Settings
 from service.snapshot_reader import SnapshotReader
 from service.sql import CatalogViews, Sandbox
+from service.storage_status import read_statuses, status_dir
 
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog
@@ -101,6 +102,8 @@ class Services:
     ) -> None:
         self.settings = settings
         self.metrics = Metrics()
+        self.storage_status_dir = status_dir(settings)
+        self.metrics.watch_storage(lambda: read_statuses(self.storage_status_dir))
         self.cut: CutFn = cut or _default_cut
         self.sandbox = Sandbox(
             settings.sql_memory_limit,

@@ -10,19 +10,31 @@ process — tests — do not collide).
 ``vidlake_jobs``                     jobs by state (read from the job store at scrape)
 ``vidlake_served_bytes_total``       bytes of artifacts and objects streamed to clients
                                      (what loaders pull), by kind and artifact name
+``vidlake_storage_op_*``             per storage upload/watch (``kind``, ``name``; read
+                                     from the status files at scrape:
+                                     :mod:`service.storage_status`): ``running`` (1/0),
+                                     ``files_done``, ``files_total``, ``bytes_done``,
+                                     ``bytes_total``, ``rate_bytes_per_second``,
+                                     ``eta_seconds``, ``backlog_files``,
+                                     ``backlog_bytes``, ``failed_files``,
+                                     ``seconds_since_update``
 ==================================== ======================================================
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from service.storage_status import StorageOp
 
 __all__ = ["Metrics", "MetricsMiddleware"]
 
@@ -43,6 +55,41 @@ class _JobStates(Collector):
         for state, n in sorted(counts.items()):
             family.add_metric([state], n)
         yield family
+
+
+_STORAGE_GAUGES: tuple[tuple[str, str, Callable[[StorageOp], float | None]], ...] = (
+    ("running", "1 while the operation is live", lambda o: float(o.live)),
+    ("files_done", "Files uploaded or already receipted", lambda o: o.files_done),
+    ("files_total", "Files the operation covers", lambda o: o.files_total),
+    ("bytes_done", "Bytes done (an upload: incl. receipted before)", lambda o: o.bytes_done),
+    ("bytes_total", "Bytes the upload covers", lambda o: o.bytes_total),
+    ("rate_bytes_per_second", "Upload rate", lambda o: o.rate_mb_s * 1e6),
+    ("eta_seconds", "Estimated seconds left (live operations)", lambda o: o.eta_s),
+    ("backlog_files", "Files a watch has not shipped yet", lambda o: o.backlog_files),
+    ("backlog_bytes", "Bytes a watch has not shipped yet", lambda o: o.backlog_bytes),
+    ("failed_files", "Files that failed", lambda o: o.failed_count),
+    ("seconds_since_update", "Age of the status file", lambda o: o.age_s),
+)
+
+
+class _StorageOps(Collector):
+    def __init__(self, read: Callable[[], Sequence[StorageOp]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            ops = [o for o in self._read() if o.state != "unreadable"]
+        except Exception:  # a scrape must not fail because a status directory is odd
+            ops = []
+        for suffix, doc, value in _STORAGE_GAUGES:
+            family = GaugeMetricFamily(
+                f"vidlake_storage_op_{suffix}", f"Storage operation: {doc}", labels=["kind", "name"]
+            )
+            for op in ops:
+                v = value(op)
+                if v is not None:
+                    family.add_metric([op.kind, op.name], float(v))
+            yield family
 
 
 class Metrics:
@@ -83,12 +130,19 @@ class Metrics:
             registry=self.registry,
         )
         self._job_collector: _JobStates | None = None
+        self._storage_collector: _StorageOps | None = None
 
     def watch_jobs(self, counts: Callable[[], Mapping[str, int]]) -> None:
         """Report job counts by state, read from ``counts()`` at every scrape."""
         if self._job_collector is None:
             self._job_collector = _JobStates(counts)
             self.registry.register(self._job_collector)
+
+    def watch_storage(self, read: Callable[[], Sequence[StorageOp]]) -> None:
+        """Report storage operations, read from ``read()`` at every scrape."""
+        if self._storage_collector is None:
+            self._storage_collector = _StorageOps(read)
+            self.registry.register(self._storage_collector)
 
     def observe_ingest(self, table: str, **outcomes: int) -> None:
         for outcome, n in outcomes.items():

@@ -80,6 +80,13 @@ class Settings(BaseSettings):
     cache_dir: Path | None = None
     cache_budget_bytes: int = 8 * 1024**3
 
+    # Storage operations (`vidlake storage upload/watch` write here; the dashboard reads)
+    storage_status_dir: Path | None = Field(
+        None,
+        description="Status files of storage uploads and watches, shown on the dashboard "
+        "and /metrics. Default: <home>/storage-status",
+    )
+
     def resolved(self) -> dict[str, str]:
         """The effective locations, with the embedded defaults filled in."""
         home = self.home.resolve()
@@ -89,6 +96,7 @@ class Settings(BaseSettings):
             "objects": self.objects or str(home / "objects"),
             "lance": self.lance or str(home / "lance"),
             "cache_dir": str(self.cache_dir or home / "cache"),
+            "storage_status_dir": str(self.storage_status_dir or home / "storage-status"),
         }
 
     def s3_endpoint(self) -> str | None:

@@ -11,13 +11,17 @@ Complete files go up exactly as ``upload`` sends them (identity checks, conditio
 PUT, verification, an fsync'd receipt in the same log format). Receipts make it
 restart-safe: a file whose receipt matches its identity is never sent again, so a
 killed watcher resumes where it was. Progress (files, bytes, rate, backlog, failures)
-is written after every poll to a JSON status file, atomically, for the dashboard.
+is written after every poll to a JSON status file, atomically, for the dashboard
+(``service.storage_status`` reads it: ``state`` is ``running`` until :meth:`Watcher.run`
+returns or is interrupted, then ``stopped``; ``pid``/``host``/``poll_s`` let a reader
+tell a live watcher from a dead one).
 Hidden files, ``*.tmp``/``*.part`` files and the markers themselves are never uploaded.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +59,12 @@ class WatchStatus:
     backlog_bytes: int = 0
     rate_mb_s: float = 0.0
     failed: list[dict[str, str]] = field(default_factory=list)
+    kind: str = "watch"
+    name: str = ""
+    state: str = "running"
+    poll_s: float = 0.0
+    pid: int = field(default_factory=os.getpid)
+    host: str = field(default_factory=socket.gethostname)
 
 
 class Watcher:
@@ -69,6 +79,7 @@ class Watcher:
         workers: Parallel uploads.
         require_marker: Upload only files with a ``.done`` marker (no stability rule).
         clock: Time source (tests).
+        name: The watch's name, recorded in the status file.
     """
 
     def __init__(
@@ -82,6 +93,7 @@ class Watcher:
         workers: int = 4,
         require_marker: bool = False,
         clock: Callable[[], float] = time.time,
+        name: str = "",
     ) -> None:
         self.directory = Path(directory).resolve()
         if not self.directory.is_dir():
@@ -99,6 +111,7 @@ class Watcher:
         self._seen: dict[str, tuple[tuple[int, int, int], float]] = {}
         self._t0 = clock()
         self.status = WatchStatus(str(self.directory), store.url, datetime.now(UTC).isoformat())
+        self.status.name = name
 
     def poll(self) -> WatchStatus:
         """One pass: upload every complete file without a receipt; write the status."""
@@ -160,17 +173,24 @@ class Watcher:
         on_poll: Callable[[WatchStatus], None] | None = None,
         max_passes: int | None = None,
     ) -> WatchStatus:
-        """Poll until ``stop`` is set (or ``max_passes`` passes); return the last status."""
+        """Poll until ``stop`` is set (or ``max_passes`` passes); return the last status
+        (marked ``stopped`` in the status file however the loop ends)."""
         stop = stop or threading.Event()
+        self.status.poll_s = poll_s
         passes = 0
-        while True:
-            status = self.poll()
-            passes += 1
-            if on_poll is not None:
-                on_poll(status)
-            if stop.is_set() or (max_passes is not None and passes >= max_passes):
-                return status
-            stop.wait(poll_s)
+        try:
+            while True:
+                status = self.poll()
+                passes += 1
+                if on_poll is not None:
+                    on_poll(status)
+                if stop.is_set() or (max_passes is not None and passes >= max_passes):
+                    return status
+                stop.wait(poll_s)
+        finally:
+            self.status.state = "stopped"
+            self.status.updated_at = datetime.now(UTC).isoformat()
+            write_json_atomic(self.status_file, asdict(self.status))
 
     # -- helpers ------------------------------------------------------------------
     def _files(self) -> list[Path]:

@@ -1,9 +1,18 @@
-"""The dashboard at ``/``: server-rendered HTML, no JavaScript, no build step.
+"""The dashboard: server-rendered HTML and SVG, no JavaScript, no build step.
 
-Catalog row counts (from each table's current Iceberg snapshot summary, so no data
-is read), running and recent jobs with progress bars, and recent snapshots with their
-realized stream shares as a small inline SVG bar. The page refreshes itself.
-Every value is HTML-escaped where it is interpolated.
+* ``/``: catalog row counts and ingest rates per table over time (both from Iceberg
+  snapshot summaries, so no data is read), live storage operations (uploads, watches:
+  :mod:`service.dashboard_storage`), running and recent jobs with progress bars, and
+  recent snapshots (linked) with their realized stream shares. Refreshes itself.
+* ``/dashboard/snapshots/{version}``: one snapshot's drop funnel, stream shares per
+  phase, bucket histogram and, when the cut wrote quality.json, the plan quality
+  charts (:mod:`service.dashboard_data`).
+* ``/dashboard/drift?filter=&a=&b=&threshold=``: the drift report's charts
+  (:func:`service.drift.drift_report`), and a form to ask for one.
+
+Charts come from :mod:`service.charts`. Every value is HTML-escaped where it is
+interpolated; a user error (unknown version, bad filter name) is an HTML page with the
+error's 4xx status.
 """
 
 from __future__ import annotations
@@ -14,16 +23,25 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from importlib import resources
 from string import Template
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
 
 from catalog.errors import VidlakeError
+from service.dashboard_data import (
+    drift_sections,
+    ingest_section,
+    quality_sections,
+    read_quality,
+    snapshot_sections,
+)
+from service.dashboard_storage import storage_panel
 from service.deps import Reader, Services, Svc
 from service.jobs import JobRecord
 from service.routers.health import API_VERSION
 from service.schemas import ErrorResponse
+from service.storage_status import read_statuses
 
 __all__ = ["router"]
 
@@ -36,9 +54,9 @@ _RECENT_JOBS = 15
 _PALETTE = ("#2f6fde", "#e8833a", "#1a9c7a", "#b8467d", "#7a5cd6", "#c9a227", "#4aa3c7", "#8a93a3")
 
 
-@lru_cache(maxsize=1)
-def _template() -> Template:
-    text = resources.files("service").joinpath("templates/dashboard.html").read_text("utf-8")
+@lru_cache(maxsize=4)
+def _template(name: str = "dashboard.html") -> Template:
+    text = resources.files("service").joinpath(f"templates/{name}").read_text("utf-8")
     return Template(text)
 
 
@@ -96,7 +114,8 @@ def _snapshot_rows(services: Services) -> str:
         name = recipe.get("name", "") if isinstance(recipe, dict) else ""
         patch = f" (patch of v{rec.patch_of})" if rec.patch_of is not None else ""
         rows.append(
-            f'<tr class="snapshot"><td>v{rec.version}{_e(patch)}</td><td>{_e(name)}</td>'
+            f'<tr class="snapshot"><td><a href="/dashboard/snapshots/{rec.version}">'
+            f"v{rec.version}</a>{_e(patch)}</td><td>{_e(name)}</td>"
             f"<td>{_e(rec.entry.created_at[:19])}</td>"
             f'<td class="num">{_e(snap.get("num_steps"))}</td>'
             f'<td class="num">{_e(snap.get("plan_rows"))}</td>'
@@ -147,5 +166,124 @@ def dashboard(services: Svc, principal: Reader) -> HTMLResponse:
         job_rows="\n".join(_job_row(j) for j in jobs)
         or '<tr><td colspan="7" class="empty">no jobs</td></tr>',
         snapshot_rows=_snapshot_rows(services),
+        ingest=_ingest(services),
+        storage=storage_panel(
+            read_statuses(services.storage_status_dir), str(services.storage_status_dir)
+        ),
     )
     return HTMLResponse(page)
+
+
+def _ingest(services: Services) -> str:
+    from catalog.tables import TABLE_NAMES
+
+    try:
+        catalog = services.catalog
+        history = {
+            name: [(p.timestamp_ms, p.added_records) for p in catalog.ingest_history(name)]
+            for name in TABLE_NAMES
+        }
+    except VidlakeError as exc:
+        return f'<p class="error">catalog unavailable: {_e(exc.message)}</p>'
+    return ingest_section(history)
+
+
+def _page(title: str, body: str, *, status: int = 200) -> HTMLResponse:
+    page = _template("page.html").substitute(
+        title=_e(title),
+        body=body,
+        api_version=_e(API_VERSION),
+        now=_e(datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")),
+    )
+    return HTMLResponse(page, status_code=status)
+
+
+def _error_html(exc: VidlakeError) -> str:
+    if exc.http_status >= 500:
+        raise exc  # the app's handler logs and answers it
+    return f'<p class="error" data-code="{_e(exc.code)}">{_e(exc.message)}</p>'
+
+
+def _error_page(title: str, exc: VidlakeError) -> HTMLResponse:
+    return _page(title, _error_html(exc), status=exc.http_status)
+
+
+_HTML_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"content": {"text/html": {"schema": {"type": "string"}}}},
+    401: {"model": ErrorResponse, "description": "Tokens are configured and none was sent"},
+    403: {"model": ErrorResponse, "description": "The token lacks the read scope"},
+}
+
+
+@router.get(
+    "/dashboard/snapshots/{version}",
+    response_class=HTMLResponse,
+    responses={**_HTML_RESPONSES, 404: {"description": "No such snapshot (an HTML page)"}},
+    summary="One snapshot's charts: drop funnel, shares, buckets, plan quality (HTML)",
+)
+def snapshot_page(version: int, services: Svc, principal: Reader) -> HTMLResponse:
+    title = f"snapshot v{version}"
+    reader = services.reader
+    try:
+        snapshot = reader.record(version).snapshot
+        quality = read_quality(snapshot, lambda name: reader.local(version, name).read_bytes())
+    except VidlakeError as exc:
+        return _error_page(title, exc)
+    recipe = snapshot.get("recipe") if isinstance(snapshot.get("recipe"), dict) else {}
+    name = recipe.get("name", "") if isinstance(recipe, dict) else ""
+    head = (
+        f'<p class="meta">recipe {_e(name)} · {_e(snapshot.get("num_steps"))} steps · '
+        f'{_e(snapshot.get("plan_rows"))} plan rows · <a href="/">back</a></p>'
+    )
+    body = head + snapshot_sections(version, snapshot) + quality_sections(version, quality)
+    return _page(title, body)
+
+
+@router.get(
+    "/dashboard/drift",
+    response_class=HTMLResponse,
+    responses={
+        **_HTML_RESPONSES,
+        404: {"description": "The filter has no scores at a version (an HTML page)"},
+        422: {"description": "A bad filter name, version or threshold (an HTML page)"},
+    },
+    summary="Filter drift between two score versions on the reference slice (HTML)",
+)
+def drift_page(
+    services: Svc,
+    principal: Reader,
+    filter: Annotated[str | None, Query(max_length=200)] = None,
+    a: Annotated[str | None, Query(max_length=200)] = None,
+    b: Annotated[str | None, Query(max_length=200)] = None,
+    threshold: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+) -> HTMLResponse:
+    form = _drift_form(filter, a, b, threshold)
+    if not (filter and a and b):
+        return _page("filter drift", form)
+    try:
+        from service.drift import drift_report
+    except ImportError:
+        msg = '<p class="error">this build has no drift reports (service.drift)</p>'
+        return _page("filter drift", form + msg, status=404)
+    try:
+        report = drift_report(services, filter, a, b, threshold=threshold)
+    except VidlakeError as exc:
+        return _page("filter drift", form + _error_html(exc), status=exc.http_status)
+    return _page(f"drift: {filter} {a} vs {b}", form + drift_sections(report))
+
+
+def _drift_form(filt: str | None, a: str | None, b: str | None, threshold: float | None) -> str:
+    def field(name: str, label: str, value: object) -> str:
+        return (
+            f'<label>{label} <input name="{name}" value="{_e(value)}" '
+            f"{'required' if name != 'threshold' else ''}></label>"
+        )
+
+    return (
+        '<form class="drift" method="get" action="/dashboard/drift">'
+        + field("filter", "filter", filt)
+        + field("a", "version a", a)
+        + field("b", "version b", b)
+        + field("threshold", "kill threshold", threshold)
+        + '<button type="submit">compare</button></form>'
+    )
