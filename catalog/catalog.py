@@ -84,6 +84,7 @@ from catalog.keycache import KeyCache, snapshot_id
 from catalog.objects import ObjectStore, open_store
 from catalog.pins import Pin
 from catalog.reads import RowFilter
+from catalog.reference import ReferenceSlice, freeze_reference
 from catalog.tables import TABLE_NAMES, TABLES, ensure_table
 from catalog.tags import TagReport, VersionTags
 
@@ -103,8 +104,10 @@ class VidlakeCatalog:
         eval_fraction: float,
         eval_salt: str,
         objects: ObjectStore | None = None,
+        reference: ReferenceSlice | None = None,
     ) -> None:
         self.config = config
+        self._reference = reference
         self.iceberg = iceberg
         self.eval_fraction = eval_fraction
         self.eval_salt = eval_salt
@@ -125,19 +128,32 @@ class VidlakeCatalog:
                 ``config.objects``).
 
         Raises:
-            Conflict: ``config`` names an eval fraction or salt other than the frozen ones.
+            Conflict: ``config`` names an eval fraction or salt (or a reference
+                fraction) other than the frozen ones.
             StorageError: The catalog backend cannot be reached or written.
         """
         try:
             iceberg = connect(config)
             fraction, salt = freeze_namespace(iceberg, config)
+            reference = freeze_reference(
+                iceberg, config.namespace, fraction, salt, config.reference_fraction
+            )
             for tdef in TABLES.values():
                 ensure_table(iceberg, config.namespace, tdef)
         except VidlakeError:
             raise
         except Exception as exc:  # the backend's own errors: translate once, here
             raise StorageError(f"cannot open catalog {config.uri}: {exc}", uri=config.uri) from exc
-        return cls(config, iceberg, fraction, salt, objects)
+        return cls(config, iceberg, fraction, salt, objects, reference)
+
+    @property
+    def reference(self) -> ReferenceSlice:
+        """The frozen drift reference slice (:mod:`catalog.reference`)."""
+        if self._reference is None:
+            self._reference = freeze_reference(
+                self.iceberg, self.config.namespace, self.eval_fraction, self.eval_salt
+            )
+        return self._reference
 
     @property
     def objects(self) -> ObjectStore:
