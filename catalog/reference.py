@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -46,7 +47,7 @@ PROP_REFERENCE_SALT = "vidlake.reference-salt"
 DEFAULT_REFERENCE_FRACTION = 0.001
 _SALT_DOMAIN = b"vidlake.reference-slice\x00"
 
-AssetIds = Sequence[str] | pa.Array | pa.ChunkedArray
+AssetIds: TypeAlias = Sequence[str] | pa.Array | pa.ChunkedArray
 
 
 def derive_salt(eval_salt: str) -> str:

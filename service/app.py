@@ -34,6 +34,7 @@ from service.loopback import OpenModeGuard, check_listening, watch_listening
 from service.metrics import MetricsMiddleware
 from service.routers import (
     dashboard,
+    drift,
     erasures,
     health,
     ingest,
@@ -177,6 +178,7 @@ def create_app(
         lineage,
         objects,
         tags,
+        drift,
         health,
         dashboard,
     ):
