@@ -33,6 +33,7 @@ from service.gc import startup_clean
 from service.loopback import OpenModeGuard, check_listening, watch_listening
 from service.metrics import MetricsMiddleware
 from service.routers import (
+    coverage,
     dashboard,
     drift,
     erasures,
@@ -170,6 +171,7 @@ def create_app(
         ingest,
         snapshots,
         plans,
+        coverage,
         schemas,
         erasures,
         maintenance,
