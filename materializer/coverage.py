@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from catalog.errors import InvalidRecipe
 from materializer.recipe import Recipe
+from materializer.recipe.coverage import MinCoverage
 
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog
@@ -110,24 +111,27 @@ def _keys(recipe: Recipe) -> list[tuple[str, str, str, str]]:
 
 
 def _sql(recipe: Recipe) -> str:
+    """One row per (stream, tier), then one total row (``total`` = 1): the candidate
+    clips and, per requirement, how many lack it (``m<i>``), then ``part``."""
     stream = " ".join(f"WHEN _match_{i} THEN '{s.name}'" for i, s in enumerate(recipe.streams))
     lacks = [f"score_{name} IS NULL" for name in recipe.score_versions()]
     lacks.append("caption_count = 0")
+    lacks.append(f"caption_count > 0 AND caption_count < {len(recipe.captions.kinds)}")
     flags = ", ".join(f"({expr}) AS m{i}" for i, expr in enumerate(lacks))
-    counts = ", ".join(
-        f"count(DISTINCT clip_id) FILTER (WHERE m{i}) AS m{i}" for i in range(len(lacks))
-    )
-    kinds = len(recipe.captions.kinds)
+    sums = ", ".join(f"count_if(m{i}) AS m{i}" for i in range(len(lacks)))
+    names = ", ".join(f"m{i}" for i in range(len(lacks)))
+    # Scores and captions are per clip, so a clip's flags agree across its rungs: one
+    # row per (clip, stream, tier) after DISTINCT, and per clip for the total.
     return f"""
 WITH c AS (
-  SELECT DISTINCT clip_id, tier, CASE {stream} ELSE NULL END AS stream, {flags},
-         caption_count > 0 AND caption_count < {kinds} AS part
+  SELECT DISTINCT clip_id, tier, CASE {stream} ELSE NULL END AS stream, {flags}
   FROM cand WHERE drop_reason IS NULL OR {_LATER_REASONS}
-)
-SELECT stream, tier, grouping(stream, tier) AS total, count(DISTINCT clip_id) AS clips, {counts},
-       count(DISTINCT clip_id) FILTER (WHERE part) AS part
-FROM c WHERE stream IS NOT NULL
-GROUP BY GROUPING SETS ((stream, tier), ()) ORDER BY total, stream, tier
+),
+kept AS (SELECT * FROM c WHERE stream IS NOT NULL),
+per_clip AS (SELECT DISTINCT clip_id, {names} FROM kept)
+SELECT stream, tier, 0 AS total, count(*) AS clips, {sums} FROM kept GROUP BY stream, tier
+UNION ALL
+SELECT NULL, NULL, 1, count(*), {sums} FROM per_clip
 """
 
 
@@ -142,15 +146,14 @@ def backfill_coverage(recipe: Recipe, candidates: pa.Table) -> BackfillCoverage:
         con.close()
     keys = _keys(recipe)
     order = [s.name for s in recipe.streams]
-    groups, total = [], None
-    for stream, tier, is_total, clips, *missing in rows:
+    groups, clips, missing = [], 0, [0] * (len(keys) + 1)
+    for stream, tier, is_total, count, *lacking in rows:
         if is_total:
-            total = (clips, missing)
+            clips, missing = int(count), [int(m) for m in lacking]
             continue
-        by_key = {k[0]: int(m) for k, m in zip(keys, missing[:-1], strict=True)}
-        groups.append({"stream": stream, "tier": tier, "clips": int(clips), "missing": by_key})
+        by_key = {k[0]: int(m) for k, m in zip(keys, lacking[:-1], strict=True)}
+        groups.append({"stream": stream, "tier": tier, "clips": int(count), "missing": by_key})
     groups.sort(key=lambda g: (order.index(g["stream"]), g["tier"]))
-    clips, missing = total if total is not None else (0, [0] * (len(keys) + 1))
     mins = recipe.min_coverage
     requirements = [
         Requirement(
@@ -158,16 +161,20 @@ def backfill_coverage(recipe: Recipe, candidates: pa.Table) -> BackfillCoverage:
             kind=kind,
             name=name,
             version=version,
-            clips=int(clips),
-            missing=int(missing[i]),
-            min_coverage=(mins.captions if kind == "captions" else mins.scores.get(name))
-            if mins
-            else None,
-            partial=int(missing[-1]) if kind == "captions" else None,
+            clips=clips,
+            missing=missing[i],
+            min_coverage=_minimum(mins, kind, name),
+            partial=missing[-1] if kind == "captions" else None,
         )
         for i, (key, kind, name, version) in enumerate(keys)
     ]
-    return BackfillCoverage(int(clips), requirements, groups)
+    return BackfillCoverage(clips, requirements, groups)
+
+
+def _minimum(mins: MinCoverage | None, kind: str, name: str) -> float | None:
+    if mins is None:
+        return None
+    return mins.captions if kind == "captions" else mins.scores.get(name)
 
 
 def check_min_coverage(recipe: Recipe, found: BackfillCoverage | None) -> None:
