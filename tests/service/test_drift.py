@@ -143,6 +143,7 @@ def test_kill_rate_per_source_per_day(lake: tuple[Path, VidlakeCatalog]) -> None
         (("Bad-Name", "v1", "same"), InvalidInput),
         (("aesthetic", "v1", "v9"), NotFound),
         (("nothing", "v1", "v2"), NotFound),
+        (("aesthetic", "v1", " "), InvalidInput),
     ],
 )
 def test_bad_arguments(
@@ -173,3 +174,10 @@ def test_rest_and_both_clients(lake: tuple[Path, VidlakeCatalog]) -> None:
     local = LocalClient(settings, services=Services(settings, catalog=catalog))
     assert local.drift("aesthetic", "v1", "same", bins=5) == via_http
     assert local.reference_slice(clips=True) == reference_slice(catalog, clips=True)
+
+
+def test_bad_threshold_and_bins(lake: tuple[Path, VidlakeCatalog]) -> None:
+    with pytest.raises(InvalidInput, match="threshold must be finite"):
+        drift_report(lake[1], "aesthetic", "v1", "same", threshold=float("nan"))
+    with pytest.raises(InvalidInput, match="bins"):
+        drift_report(lake[1], "aesthetic", "v1", "same", bins=0)
