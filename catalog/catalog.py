@@ -3,7 +3,8 @@
 :meth:`VidlakeCatalog.open` opens an Iceberg catalog by URI (SQLite file, PostgreSQL,
 or an Iceberg REST catalog), creates the namespace and every table of
 :mod:`catalog.tables` on first open, and freezes the eval carve-out settings in the
-namespace properties then.
+namespace properties then (and the drift reference slice's, :mod:`catalog.reference`,
+on the first open of a catalog that lacks them).
 
 Ingest (``add_*``) takes a ``pyarrow.Table`` or a list of dicts, checks every row
 (vectorised), and commits **one** Iceberg append per call; a bad row raises
