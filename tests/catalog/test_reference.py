@@ -83,14 +83,16 @@ def test_other_fraction_is_a_conflict_and_changes_nothing(tmp_path: Path) -> Non
         assert cat.reference.fraction == DEFAULT_REFERENCE_FRACTION
 
 
-def test_old_catalog_gets_the_slice_frozen_on_first_open(tmp_path: Path) -> None:
-    with VidlakeCatalog.open(_config(tmp_path)) as cat:
+def test_old_catalog_gets_the_slice_frozen_on_first_open(catalog_config: CatalogConfig) -> None:
+    config = catalog_config.model_copy(update={"eval_salt": SALT})
+    with VidlakeCatalog.open(config) as cat:
         # A catalog created before the slice existed: no reference properties.
         cat.iceberg.update_namespace_properties(
             cat.config.namespace, removals={PROP_REFERENCE_FRACTION, PROP_REFERENCE_SALT}
         )
         assert PROP_REFERENCE_SALT not in cat.namespace_properties()
-    with VidlakeCatalog.open(_config(tmp_path)) as cat:
+    with VidlakeCatalog.open(config) as cat:
         props = cat.namespace_properties()
         assert float(props[PROP_REFERENCE_FRACTION]) == DEFAULT_REFERENCE_FRACTION
         assert props[PROP_REFERENCE_SALT] == derive_salt(SALT)  # the same in every process
+        assert cat.reference.salt == derive_salt(SALT)
