@@ -95,21 +95,24 @@ def _catalog(lake: VidlakeCatalog | HasCatalog) -> VidlakeCatalog:
     return lake if isinstance(lake, VidlakeCatalog) else lake.catalog
 
 
-def _slice_tables(catalog: VidlakeCatalog, pin: Pin) -> tuple[pa.Array, pa.Table]:
-    """The slice's asset ids and its clips (``clip_id``, ``asset_id``) at ``pin``."""
-    assets = catalog.scan("assets", pin=pin, columns=["asset_id"])
+def _scans(catalog: VidlakeCatalog, pin: Pin) -> tuple[pa.Table, pa.Table]:
+    """The train assets (``asset_id``, ``source``) and clips (``clip_id``, ``asset_id``)."""
+    assets = catalog.scan("assets", pin=pin, columns=["asset_id", "source"])
+    return assets, catalog.scan("clips", pin=pin, columns=["clip_id", "asset_id"])
+
+
+def _slice(catalog: VidlakeCatalog, assets: pa.Table, clips: pa.Table) -> tuple[pa.Array, pa.Table]:
+    """The slice's asset ids (sorted) and its clips among ``clips``."""
     ids = pc.unique(assets["asset_id"])
     members = ids.filter(pa.array(catalog.reference.contains(ids)))
-    clips = catalog.scan("clips", pin=pin, columns=["clip_id", "asset_id"])
-    clips = clips.filter(pc.is_in(clips["asset_id"], value_set=members))
-    return members.sort(), clips
+    return members.sort(), clips.filter(pc.is_in(clips["asset_id"], value_set=members))
 
 
 def reference_slice(lake: VidlakeCatalog | HasCatalog, *, clips: bool = False) -> dict[str, Any]:
     """The reference slice at the catalog's current state: its asset ids (sorted) and,
     with ``clips``, its train clip ids."""
     catalog = _catalog(lake)
-    members, clip_rows = _slice_tables(catalog, catalog.pin())
+    members, clip_rows = _slice(catalog, *_scans(catalog, catalog.pin()))
     found: dict[str, Any] = {"fraction": catalog.reference.fraction, "assets": members.to_pylist()}
     if clips:
         found["clips"] = sorted(pc.unique(clip_rows["clip_id"]).to_pylist())
@@ -217,7 +220,8 @@ def drift_report(
     catalog = _catalog(lake)
     pin = catalog.pin()
     scores = _scores(catalog, pin, filter_name, version_a, version_b)
-    members, slice_clips = _slice_tables(catalog, pin)
+    assets, clips = _scans(catalog, pin)
+    members, slice_clips = _slice(catalog, assets, clips)
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
         con.register("scores", scores)
@@ -225,8 +229,8 @@ def drift_report(
         latest = con.sql(_LATEST_SQL, params=params).to_arrow_table()
         over_time: list[dict[str, Any]] = []
         if threshold is not None:
-            con.register("clips", catalog.scan("clips", pin=pin, columns=["clip_id", "asset_id"]))
-            con.register("assets", catalog.scan("assets", pin=pin, columns=["asset_id", "source"]))
+            con.register("clips", clips)
+            con.register("assets", assets)
             found = con.sql(_OVER_TIME_SQL, params={**params, "threshold": threshold})
             over_time = found.to_arrow_table().to_pylist()
     finally:
@@ -239,12 +243,22 @@ def drift_report(
         for side, version in (("a", version_a), ("b", version_b))
     }
     n_clips = len(pc.unique(slice_clips["clip_id"]))
-    edges = _edges(values["a"], values["b"], bins)
     return {
         "filter": filter_name,
         "version_a": version_a,
         "version_b": version_b,
         "slice": {"assets": len(members), "clips": n_clips},
+        **_compare(values, n_clips, threshold, bins),
+        "kill_rate_over_time": over_time,
+    }
+
+
+def _compare(
+    values: dict[str, NDArray[np.float64]], n_clips: int, threshold: float | None, bins: int
+) -> dict[str, Any]:
+    """Coverage, histograms, quantiles, KS and kill rates of sides ``a`` and ``b``."""
+    edges = _edges(values["a"], values["b"], bins)
+    return {
         "coverage": {s: (v.size / n_clips if n_clips else 0.0) for s, v in values.items()},
         "histogram": {
             "edges": [float(e) for e in edges],
@@ -255,5 +269,4 @@ def drift_report(
         "kill_rate": None
         if threshold is None
         else {"threshold": threshold, **{s: _kill(v, threshold) for s, v in values.items()}},
-        "kill_rate_over_time": over_time,
     }
