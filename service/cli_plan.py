@@ -66,6 +66,13 @@ def render_plan(plan: dict[str, Any]) -> None:
     if plan.get("phases"):
         out.print(_phases_table(plan))
         out.print(f"steps={plan['num_steps']:,}  plan rows={plan['plan_rows']:,}")
+    for req in (plan.get("backfill") or {}).get("requirements", []):
+        if req["missing"] or req["min_coverage"] is not None:
+            need = "" if req["min_coverage"] is None else f" (min_coverage {req['min_coverage']})"
+            out.print(
+                f"backfill {req['key']}: {req['clips'] - req['missing']:,} of "
+                f"{req['clips']:,} candidate clips = {req['coverage']:.1%}{need}"
+            )
     decon = plan.get("decontamination")
     if decon:
         out.print(f"eval decontamination coverage={decon['coverage']:.1%}")

@@ -99,3 +99,18 @@ def test_cli(backfilled: World, tmp_path: Path) -> None:
     assert "KS statistic" in drift.stdout and "kill rate by day" in drift.stdout
     missing = _vidlake(backfilled.home, "drift", "aesthetic", "1", "7")
     assert missing.returncode == 2 and "no scores at version '7'" in missing.stderr
+
+
+def test_dry_run_prints_the_backfill(client: TestClient, backfilled: World) -> None:
+    from service.cli_common import out
+    from service.cli_plan import render_plan
+
+    plan = client.post("/v1/recipes:plan", json={"recipe": _recipe(0.99)}).json()
+    assert plan["publishable"] is False
+    assert plan["problems"][0]["path"] == "min_coverage.scores.motion"
+    with out.capture() as captured:
+        render_plan(plan)
+    motion = next(q for q in plan["backfill"]["requirements"] if q["key"] == "score:motion@1")
+    missing = motion["clips"] - motion["missing"]
+    assert f"backfill score:motion@1: {missing:,} of {motion['clips']:,}" in captured.get()
+    assert "captions@1" not in captured.get()  # complete, and no minimum: not worth a line
