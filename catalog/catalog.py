@@ -3,7 +3,8 @@
 :meth:`VidlakeCatalog.open` opens an Iceberg catalog by URI (SQLite file, PostgreSQL,
 or an Iceberg REST catalog), creates the namespace and every table of
 :mod:`catalog.tables` on first open, and freezes the eval carve-out settings in the
-namespace properties then.
+namespace properties then (and the drift reference slice's, :mod:`catalog.reference`,
+on the first open of a catalog that lacks them).
 
 Ingest (``add_*``) takes a ``pyarrow.Table`` or a list of dicts, checks every row
 (vectorised), and commits **one** Iceberg append per call; a bad row raises
@@ -85,6 +86,7 @@ from catalog.keycache import KeyCache, snapshot_id
 from catalog.objects import ObjectStore, open_store
 from catalog.pins import Pin
 from catalog.reads import RowFilter
+from catalog.reference import ReferenceSlice, freeze_reference
 from catalog.tables import TABLE_NAMES, TABLES, ensure_table
 from catalog.tags import TagReport, VersionTags
 
@@ -104,8 +106,10 @@ class VidlakeCatalog:
         eval_fraction: float,
         eval_salt: str,
         objects: ObjectStore | None = None,
+        reference: ReferenceSlice | None = None,
     ) -> None:
         self.config = config
+        self._reference = reference
         self.iceberg = iceberg
         self.eval_fraction = eval_fraction
         self.eval_salt = eval_salt
@@ -126,19 +130,32 @@ class VidlakeCatalog:
                 ``config.objects``).
 
         Raises:
-            Conflict: ``config`` names an eval fraction or salt other than the frozen ones.
+            Conflict: ``config`` names an eval fraction or salt (or a reference
+                fraction) other than the frozen ones.
             StorageError: The catalog backend cannot be reached or written.
         """
         try:
             iceberg = connect(config)
             fraction, salt = freeze_namespace(iceberg, config)
+            reference = freeze_reference(
+                iceberg, config.namespace, fraction, salt, config.reference_fraction
+            )
             for tdef in TABLES.values():
                 ensure_table(iceberg, config.namespace, tdef)
         except VidlakeError:
             raise
         except Exception as exc:  # the backend's own errors: translate once, here
             raise StorageError(f"cannot open catalog {config.uri}: {exc}", uri=config.uri) from exc
-        return cls(config, iceberg, fraction, salt, objects)
+        return cls(config, iceberg, fraction, salt, objects, reference)
+
+    @property
+    def reference(self) -> ReferenceSlice:
+        """The frozen drift reference slice (:mod:`catalog.reference`)."""
+        if self._reference is None:
+            self._reference = freeze_reference(
+                self.iceberg, self.config.namespace, self.eval_fraction, self.eval_salt
+            )
+        return self._reference
 
     @property
     def objects(self) -> ObjectStore:

@@ -33,6 +33,8 @@ class CatalogConfig(BaseModel):
         eval_fraction: Eval carve-out fraction; None: the catalog's frozen value (0.02
             when creating). A value different from the frozen one is a Conflict.
         eval_salt: Hex salt of the carve-out; None: the frozen one (random at creation).
+        reference_fraction: Fraction of train assets in the drift reference slice
+            (:mod:`catalog.reference`); None: the frozen value (0.001 when freezing).
         near_dup_hamming: Hamming threshold per 64-bit frame hash.
         near_dup_min_frames: Matching aligned frames that make a near-duplicate.
         near_dup_window: Leading frames compared.
@@ -53,6 +55,7 @@ class CatalogConfig(BaseModel):
     lance: str = ".vidlake/lance"
     eval_fraction: float | None = Field(default=None, ge=0.0, le=1.0)
     eval_salt: str | None = None
+    reference_fraction: float | None = Field(default=None, ge=0.0, le=1.0)
     near_dup_hamming: int = Field(default=4, ge=0, le=31)
     near_dup_min_frames: int = Field(default=6, ge=1)
     near_dup_window: int = Field(default=8, ge=1, le=1024)

@@ -4,8 +4,9 @@ It joins the registered ``raw_<table>`` scans (``materializer/select.py``) into 
 clip view of ``docs/recipes.md``: clips x assets x latents (the recipe's tokenizer,
 each phase's rung) x pivoted scores (the named versions) x captions (the named version
 and kinds), each candidate sample with the *first* reason it is dropped, its tier and
-its stream, plus one ``_match_<i>`` flag per stream. The columns a recipe's predicates
-may use are declared in :mod:`materializer.predicates`.
+its stream, plus one ``_match_<i>`` flag per stream (a dropped sample keeps its tier
+and flags, which backfill coverage reads: :mod:`materializer.coverage`). The columns
+a recipe's predicates may use are declared in :mod:`materializer.predicates`.
 
 User values travel as parameters (:func:`candidate_params`); identifiers in the text
 are recipe names (checked against ``^[a-z][a-z0-9_]*$``) and predicates are
@@ -134,7 +135,7 @@ WITH
     LEFT JOIN cap ON cap.clip_id = c.clip_id
   ),
   tiered AS (SELECT *, {tier_expr} AS tier, {match_flags} FROM base)
-SELECT * EXCLUDE (tier), NULL::VARCHAR AS tier, NULL::INTEGER AS stream FROM tiered
+SELECT *, NULL::INTEGER AS stream FROM tiered
 WHERE drop_reason IS NOT NULL
 UNION ALL BY NAME
 SELECT *, CASE {stream_case} ELSE NULL END AS stream FROM tiered WHERE drop_reason IS NULL
@@ -151,8 +152,12 @@ def _drop_cases(recipe: Recipe) -> str:
     drop.append("WHEN a.duplicate_of IS NOT NULL THEN 'duplicate_asset'")
     drop.append("WHEN ed.asset_id IS NOT NULL THEN 'eval_duplicate_asset'")
     drop.append("WHEN l.clip_id IS NULL THEN 'no_latent'")
+    index = {name: i for i, name in enumerate(recipe.score_versions())}
     for f in recipe.filters:
-        drop.append(f"WHEN s.score_{f.name} IS NULL THEN 'missing_score:{f.name}'")
+        # The version rides as a parameter: versions are free text.
+        i = index[f.name]
+        reason = f"'missing_score:' || $score{i}_name || '@' || $score{i}_version"
+        drop.append(f"WHEN s.score_{f.name} IS NULL THEN {reason}")
         bounds = []
         if f.min is not None:
             bounds.append(f"s.score_{f.name} < {float(f.min)!r}")

@@ -63,6 +63,7 @@ from manifests.format import (
 from manifests.inputs import INPUTS_KEY, cut_inputs_sha256
 from manifests.ipc import iter_batches, write_table
 from manifests.tags import tag_published
+from materializer.coverage import check_min_coverage
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
 from materializer.quality import cut_quality, quality_summary
 from materializer.recipe import Recipe, recipe_notes
@@ -194,6 +195,7 @@ def build_artifacts(
     pin = checked_pin(catalog, recipe, pin)
     report("pin", 1.0)
     selection = select(catalog, recipe, pin, progress=report)
+    check_min_coverage(recipe, selection.backfill)
     if selection.samples.num_rows == 0:
         raise nothing_selected(recipe, selection)
     check_pools(recipe, selection.samples)

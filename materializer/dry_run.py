@@ -7,7 +7,12 @@ selected, the scatter and the step plan (:func:`materializer.cut.plan_samples`),
 reports the numbers a cut would record in ``snapshot.json`` (from the same
 :func:`materializer.cut.snapshot_doc`), plus what a recipe author tunes by:
 
-- ``candidates`` and ``drops`` (candidate samples dropped, by reason);
+- ``candidates`` and ``drops`` (candidate samples dropped, by reason: a missing score
+  version, ``missing_score:<name>@<version>``, apart from ``filter:<name>``, a score
+  outside the bounds);
+- ``backfill``: the candidate clips lacking each score and caption version
+  (:mod:`materializer.coverage`); a coverage below the recipe's ``min_coverage`` is a
+  problem;
 - ``counts``: kept samples per stream, per source tier and per bucket, clips, assets;
 - ``phases``: steps, plan rows, tokens, target and realized shares per phase;
 - ``coverage``: per stream, the share of its selected samples the plan draws at
@@ -37,6 +42,7 @@ import pyarrow.compute as pc
 
 from catalog.errors import InvalidInput, InvalidRecipe
 from manifests.ipc import iter_batches
+from materializer.coverage import check_min_coverage
 from materializer.cut import (
     Progress,
     check_plan_fits,
@@ -100,6 +106,7 @@ def plan_cut(
         "candidates": selection.candidates,
         "drops": selection.drops,
         "counts": selection_counts(recipe, selection),
+        "backfill": selection.backfill.to_dict() if selection.backfill else None,
         "problems": [],
     }
     problem = _unplannable(recipe, selection)
@@ -114,6 +121,10 @@ def plan_cut(
 
 def _unplannable(recipe: Recipe, selection: Selection) -> dict[str, Any] | None:
     """The problem a cut would stop on before planning (None: it would plan)."""
+    try:
+        check_min_coverage(recipe, selection.backfill)
+    except InvalidRecipe as exc:
+        return _problem(exc)
     if selection.samples.num_rows == 0:
         text = "the recipe selects no samples at this catalog state: " + describe_drops(
             selection.candidates, selection.drops

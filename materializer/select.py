@@ -9,7 +9,9 @@ this order:
 
 ``eval``, ``tombstoned``, ``quarantined``, ``duplicate_asset`` (a near-duplicate of a
 kept asset, linked at ingest), ``eval_duplicate_asset`` (near-duplicate of an eval
-asset), ``no_latent``, ``missing_score:<name>``, ``filter:<name>``, ``no_caption``,
+asset), ``no_latent``, ``missing_score:<name>@<version>`` (no score of the version:
+a backfill not done, :mod:`materializer.coverage`), ``filter:<name>`` (outside the
+filter's bounds), ``no_caption``,
 ``no_bucket``, ``no_stream``; then, over embeddings, ``eval_near_duplicate`` and
 ``semantic_dedup``; finally ``not_in_any_phase`` (no phase draws the sample: its tier
 is gated out or its stream has no weight at its rung).
@@ -39,6 +41,7 @@ from numpy.typing import NDArray
 from catalog.errors import InvalidInput, InvalidRecipe
 from materializer.centroids import CentroidConfig, CentroidSet, CentroidStore
 from materializer.clip_view import EVAL_CLIPS_SQL, candidate_params, candidate_sql
+from materializer.coverage import BackfillCoverage, backfill_coverage
 from materializer.dedup import Decontamination, decontaminate, semdedup
 from materializer.recipe import Recipe
 
@@ -49,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Selection",
+    "candidate_rows",
     "check_pools",
     "check_stream_matches",
     "phase_mask",
@@ -72,6 +76,7 @@ class Selection:
         stream_names: Stream names by id (the recipe's order).
         decontamination: What eval decontamination checked (None without it).
         centroids: The semantic dedup's fitted centroids (None without it).
+        backfill: Which candidate clips lack the recipe's score and caption versions.
     """
 
     samples: pa.Table
@@ -80,6 +85,7 @@ class Selection:
     stream_names: list[str]
     decontamination: Decontamination | None = None
     centroids: CentroidSet | None = None
+    backfill: BackfillCoverage | None = None
 
 
 def select(
@@ -100,6 +106,7 @@ def select(
     report = progress or (lambda stage, fraction: None)
     table, eval_ids = _candidates(catalog, recipe, pin, report)
     report("join", 1.0)
+    backfill = backfill_coverage(recipe, table)
     table = _check_stream_matches(recipe, table)
     candidates = table.num_rows
     drops: dict[str, int] = {}
@@ -133,6 +140,7 @@ def select(
         stream_names=[s.name for s in recipe.streams],
         decontamination=decontamination,
         centroids=centroids,
+        backfill=backfill,
     )
 
 
@@ -141,6 +149,12 @@ def stream_match_counts(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin) -> li
     (before every drop but ``eval``, each stream on its own: no first-match rule)."""
     table, _ = _candidates(catalog, recipe, pin, lambda stage, fraction: None)
     return _match_counts(table, len(recipe.streams))
+
+
+def candidate_rows(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin) -> pa.Table:
+    """The candidate query's rows at ``pin``: every (clip, rung) with its first drop
+    reason, tier and ``_match_<i>`` stream flags (:mod:`materializer.clip_view`)."""
+    return _candidates(catalog, recipe, pin, lambda stage, fraction: None)[0]
 
 
 def _candidates(

@@ -33,8 +33,10 @@ from service.gc import startup_clean
 from service.loopback import OpenModeGuard, check_listening, watch_listening
 from service.metrics import MetricsMiddleware
 from service.routers import (
+    coverage,
     dashboard,
     dedup,
+    drift,
     erasures,
     health,
     ingest,
@@ -172,6 +174,7 @@ def create_app(
         snapshots,
         quality,
         plans,
+        coverage,
         schemas,
         erasures,
         maintenance,
@@ -181,6 +184,7 @@ def create_app(
         objects,
         tags,
         dedup,
+        drift,
         health,
         dashboard,
     ):

@@ -13,8 +13,9 @@ The commands live by group: :mod:`service.cli_catalog` (ingest, takedowns, erasu
 :mod:`service.cli_snapshots` (cut, validate, versions, patches, pins),
 :mod:`service.cli_query` (SQL, lineage, steps, jobs), :mod:`service.cli_objects`
 (object uploads), :mod:`service.cli_report` (plan quality), :mod:`service.cli_cache`,
-:mod:`service.cli_storage`, :mod:`service.cli_tags`, :mod:`service.cli_dedup` and
-:mod:`service.cli_interop`.
+:mod:`service.cli_storage`, :mod:`service.cli_tags`, :mod:`service.cli_dedup`,
+:mod:`service.cli_interop` and :mod:`service.cli_drift` (filter drift, the reference
+slice, backfill coverage).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import typer
 from catalog.errors import VidlakeError
 from service import (
     cli_catalog,
+    cli_drift,
     cli_maintain,
     cli_objects,
     cli_query,
@@ -134,6 +136,7 @@ for _command in (
     *cli_query.COMMANDS,
     *cli_schema.COMMANDS,
     *cli_maintain.COMMANDS,
+    *cli_drift.COMMANDS,
 ):
     app.command()(_command)
 

@@ -78,6 +78,12 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "import tar-shards": ("vidlake import tar-shards s3://bucket/shards/ --verify",),
     "import tar-shards-verify": ("vidlake import tar-shards-verify --json",),
     "import corrupt-members": (f"vidlake import corrupt-members {_URL}   # scope: read",),
+    "drift": (
+        "vidlake drift aesthetic v1 v2 --threshold 0.5",
+        f"vidlake drift aesthetic v1 v2 --json {_URL}   # scope: read",
+    ),
+    "reference-slice": (f"vidlake reference-slice --clips {_URL} > slice.txt   # scope: read",),
+    "coverage": (f"vidlake coverage my-recipe.yaml {_URL}   # scope: read",),
     "tags list": (f"vidlake tags list {_URL}   # scope: read",),
     "tags backfill": (f"vidlake tags backfill {_URL}   # scope: admin",),
     "dedup fit": (

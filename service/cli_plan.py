@@ -73,6 +73,13 @@ def render_plan(plan: dict[str, Any]) -> None:
             f"max_share_deviation={quality['max_share_deviation']:.4f}  "
             f"max_autocorr_beyond_batch={quality['max_autocorr_beyond_batch']:.4f}"
         )
+    for req in (plan.get("backfill") or {}).get("requirements", []):
+        if req["missing"] or req["min_coverage"] is not None:
+            need = "" if req["min_coverage"] is None else f" (min_coverage {req['min_coverage']})"
+            out.print(
+                f"backfill {req['key']}: {req['clips'] - req['missing']:,} of "
+                f"{req['clips']:,} candidate clips = {req['coverage']:.1%}{need}"
+            )
     decon = plan.get("decontamination")
     if decon:
         out.print(f"eval decontamination coverage={decon['coverage']:.1%}")

@@ -267,6 +267,27 @@ class Client(Protocol):
         nothing."""
         ...
 
+    def drift(
+        self,
+        filter_name: str,
+        version_a: str,
+        version_b: str,
+        *,
+        threshold: float | None = None,
+        bins: int = 20,
+    ) -> dict[str, Any]:
+        """Two versions of a filter on the reference slice (``DriftPublic``)."""
+        ...
+
+    def reference_slice(self, *, clips: bool = False) -> dict[str, Any]:
+        """The reference slice's asset ids, and its clip ids with ``clips``
+        (``ReferenceSlicePublic``)."""
+        ...
+
+    def coverage(self, recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
+        """Backfill coverage of the recipe's score and caption versions (``CoveragePublic``)."""
+        ...
+
 
 def check_table(table: str) -> None:
     """Refuse a table a batch cannot be ingested into (before any row is read or sent).
@@ -677,4 +698,30 @@ class HttpClient:
     def plan(self, recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
         body = {"recipe": recipe_document(recipe)}
         result: dict[str, Any] = self._call("POST", "/v1/recipes:plan", json=body)
+        return result
+
+    def drift(
+        self,
+        filter_name: str,
+        version_a: str,
+        version_b: str,
+        *,
+        threshold: float | None = None,
+        bins: int = 20,
+    ) -> dict[str, Any]:
+        params: dict[str, Any] = {"a": version_a, "b": version_b, "bins": bins}
+        if threshold is not None:
+            params["threshold"] = threshold
+        path = f"/v1/drift/{quote(filter_name, safe='')}"
+        result: dict[str, Any] = self._call("GET", path, params=params)
+        return result
+
+    def reference_slice(self, *, clips: bool = False) -> dict[str, Any]:
+        params = {"clips": "true"} if clips else {}
+        result: dict[str, Any] = self._call("GET", "/v1/reference-slice", params=params)
+        return result
+
+    def coverage(self, recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
+        body = {"recipe": recipe_document(recipe)}
+        result: dict[str, Any] = self._call("POST", "/v1/recipes:coverage", json=body)
         return result

@@ -400,3 +400,32 @@ class LocalClient:
 
         body = _body(SnapshotCreate, recipe=recipe_document(recipe))
         return _json(plan_recipe(body, self.services, self._caller()))
+
+    def drift(
+        self,
+        filter_name: str,
+        version_a: str,
+        version_b: str,
+        *,
+        threshold: float | None = None,
+        bins: int = 20,
+    ) -> dict[str, Any]:
+        from service.routers.drift import get_drift
+
+        # drift_report checks the bounds the route's Query checks over HTTP.
+        found = get_drift(
+            self.services, self._caller(), filter_name, version_a, version_b, threshold, bins
+        )
+        return _json(found)
+
+    def reference_slice(self, *, clips: bool = False) -> dict[str, Any]:
+        from service.routers.drift import get_reference_slice
+
+        return _json(get_reference_slice(self.services, self._caller(), clips))
+
+    def coverage(self, recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
+        from service.routers.coverage import coverage_recipe
+        from service.schemas import SnapshotCreate
+
+        body = _body(SnapshotCreate, recipe=recipe_document(recipe))
+        return _json(coverage_recipe(body, self.services, self._caller()))

@@ -17,6 +17,7 @@ from pydantic import Field, model_validator
 
 from catalog.pins import CENTROIDS_PREFIX, EMBEDDINGS_PREFIX, embedding_key
 from materializer.predicates import clip_view_columns, validate_predicate
+from materializer.recipe.coverage import MinCoverage
 from materializer.recipe.fields import Label, Model, Version, check_unique, fail, unknown
 from materializer.recipe.pin import CatalogPin
 from materializer.recipe.quality import QualityGate
@@ -35,7 +36,7 @@ __all__ = ["Recipe"]
 
 #: A tensor key of a latent member (``latent``, ``text_emb``, ``i2v_y``, …).
 TensorKey = Annotated[str, Field(strict=True, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")]
-_LATER_FIELDS = ("tensor_keys", "quality")
+_LATER_FIELDS = ("tensor_keys", "quality", "min_coverage")
 
 
 class Recipe(Model):
@@ -61,6 +62,8 @@ class Recipe(Model):
     tensor_keys: tuple[TensorKey, ...] | None = Field(default=None, min_length=1)
     #: Plan quality window and thresholds (default None: report, enforce nothing).
     quality: QualityGate | None = None
+    #: Least backfill coverage per score / of the captions (None: no minimum).
+    min_coverage: MinCoverage | None = None
 
     def score_versions(self) -> dict[str, str]:
         """Score name -> version for every score the recipe names (filters and scores)."""
@@ -114,6 +117,9 @@ class Recipe(Model):
                     f"score {s.name!r} is filtered at version {filter_versions[s.name]!r}",
                 )
         scores = self.score_versions()
+        for name in self.min_coverage.scores if self.min_coverage else ():
+            if name not in scores:
+                raise fail(f"min_coverage.scores.{name}", unknown("score", name, scores))
         if self.semantic_dedup is not None and self.semantic_dedup.rank_by not in scores:
             raise fail(
                 "semantic_dedup.rank_by", unknown("score", self.semantic_dedup.rank_by, scores)

@@ -47,6 +47,11 @@ class PlanPublic(BaseModel):
     problems: list[PlanProblem]
     candidates: int = Field(description="Candidate samples before any drop")
     drops: dict[str, int] = Field(description="Candidate samples dropped, by reason")
+    backfill: dict[str, Any] | None = Field(
+        None,
+        description="Candidate clips lacking each score / caption version, per stream and "
+        "tier (the shape of POST /v1/recipes:coverage without name and pin)",
+    )
     counts: dict[str, Any] = Field(
         description="Kept samples, clips, assets; per_stream, per_tier, per_bucket"
     )
