@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from manifests.format import QUALITY_NAME
 from service.charts import PALETTE, HLine, VLine, bar_chart, funnel_chart, histogram_overlay
 from service.charts import line_chart as line
 
@@ -35,7 +36,6 @@ __all__ = [
     "snapshot_sections",
 ]
 
-QUALITY_ARTIFACT = "quality.json"
 _BIN_WIDTHS_S = (60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400)
 _MAX_BINS = 48
 
@@ -132,9 +132,9 @@ def _bucket_items(histogram: Mapping[str, Any]) -> list[tuple[str, int]]:
 
 def read_quality(snapshot: Mapping[str, Any], load: Any) -> dict[str, Any] | None:
     """quality.json through ``load(name) -> bytes``, or None for a cut made before it."""
-    if QUALITY_ARTIFACT not in _dict(snapshot.get("artifacts")):
+    if QUALITY_NAME not in _dict(snapshot.get("artifacts")):
         return None
-    doc = json.loads(load(QUALITY_ARTIFACT))
+    doc = json.loads(load(QUALITY_NAME))
     return doc if isinstance(doc, dict) else None
 
 
