@@ -16,6 +16,7 @@ size.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -30,7 +31,7 @@ __all__ = ["PAIRS_PER_RANGE", "write_lineage"]
 #: The (row, step) pairs one range should hold (16 bytes each: 128 MiB at most,
 #: twice that while sorting), unless more ranges than :data:`_MAX_RANGES` would be needed.
 PAIRS_PER_RANGE = 8 << 20
-_MAX_RANGES = 1024
+_MAX_RANGES = 256  # open spill files at once, well under the usual 1024 descriptors
 
 
 def write_lineage(
@@ -69,7 +70,7 @@ def _rows_per_range(num_rows: int, plan_rows: int, pairs_per_range: int) -> int:
 def _spill(plan_path: Path, files: list[Path], per_range: int) -> int:
     """Append every (row, step) pair to its range's file; the steps' span (max + 1)."""
     span = 1
-    sinks = [open(f, "wb") for f in files]  # noqa: SIM115 - closed in the finally
+    sinks: list[BinaryIO] = [open(f, "wb") for f in files]  # noqa: SIM115 - closed below
     try:
         for batch in iter_batches(plan_path, what="plan.arrow"):
             lists = batch.column("rows")
@@ -86,7 +87,7 @@ def _spill(plan_path: Path, files: list[Path], per_range: int) -> int:
 
 
 def _append(
-    sinks: list[object], rows: NDArray[np.int64], steps: NDArray[np.int64], per: int
+    sinks: list[BinaryIO], rows: NDArray[np.int64], steps: NDArray[np.int64], per: int
 ) -> None:
     which = rows // per
     order = np.argsort(which, kind="stable")
@@ -94,7 +95,7 @@ def _append(
     cuts = np.searchsorted(which[order], np.arange(len(sinks) + 1))
     for r, sink in enumerate(sinks):
         if cuts[r + 1] > cuts[r]:
-            pairs[cuts[r] : cuts[r + 1]].tofile(sink)  # type: ignore[arg-type]
+            pairs[cuts[r] : cuts[r + 1]].tofile(sink)
 
 
 def _sorted_range(
