@@ -30,7 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from catalog.errors import InvalidInput
+from catalog.errors import InvalidInput, NotInstalled, StorageError
 
 __all__ = ["Executor", "ExecutorSpec", "open_executor", "parse_executor"]
 
@@ -136,7 +136,13 @@ class RayExecutor:
     def map(self, fn: Callable[[S, T], R], shared: S, tasks: Sequence[T]) -> list[R]:
         ray = _ray()
         if not ray.is_initialized():
-            ray.init(address=self.address, log_to_driver=False)
+            try:
+                ray.init(address=self.address, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise StorageError(
+                    f"cannot connect to the Ray cluster at {self.address!r}: {exc}",
+                    executor=self.address,
+                ) from exc
         remote = ray.remote(num_cpus=1)(fn)
         ref = ray.put(shared)
         results: list[R] = ray.get([remote.remote(ref, t) for t in tasks])
@@ -147,7 +153,7 @@ def _ray() -> Any:
     try:
         import ray
     except ImportError as exc:
-        raise InvalidInput(
+        raise NotInstalled(
             "the ray executor needs Ray: pip install 'vidlake[ray]'", field="executor"
         ) from exc
     return ray

@@ -16,7 +16,7 @@ import pytest
 
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
-from catalog.errors import InvalidInput
+from catalog.errors import InvalidInput, StorageError
 from manifests.format import LINEAGE_NAME
 from materializer.cut import build_artifacts
 from materializer.executors import LocalExecutor, RayExecutor, open_executor, parse_executor
@@ -118,3 +118,15 @@ def test_one_process_pool_runs_in_this_process() -> None:
 
 def _pid(shared: object, task: int) -> int:
     return os.getpid()
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # Ray's client gives up on a closed port after a few seconds
+def test_an_unreachable_ray_cluster_is_a_clear_error() -> None:
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'vidlake[ray]')")
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("a Ray session of another test is open in this process")
+    with pytest.raises(StorageError, match="cannot connect to the Ray cluster"):
+        RayExecutor("ray://127.0.0.1:1").map(_pid, None, [1])
