@@ -166,10 +166,25 @@ def run_partition(
     """One partition's candidates: its planned scans read here, joined with the
     broadcast set. A top-level function, so that a process pool or Ray can run it."""
     query, broadcast = shared
-    tables = dict(broadcast)
-    for name, plan in scans.items():
-        tables[name] = read_plan(plan)
+    tables = {name: read_plan(plan) for name, plan in scans.items()}
+    tables.update(_asset_side(broadcast, tables["clips"]))
     return query_candidates(query, tables)
+
+
+def _asset_side(broadcast: dict[str, pa.Table], clips: pa.Table) -> dict[str, pa.Table]:
+    """The broadcast rows the partition's clips can reach: their assets' rows, and every
+    eval asset (whose links say which assets are near-duplicates of eval). The clip
+    view's answer for these clips is the same as over the whole asset side, and its
+    join costs the partition, not the catalog."""
+    mine = pc.unique(clips["asset_id"])
+    out = dict(broadcast)
+    for name in ("assets", "tombstones", "asset_events"):
+        table = broadcast[name]
+        keep = pc.is_in(table["asset_id"], value_set=mine)
+        if name == "assets":
+            keep = pc.or_(keep, pc.fill_null(pc.equal(table["split"], "eval"), False))
+        out[name] = table.filter(keep)
+    return out
 
 
 def merge(parts: list[Candidates]) -> Candidates:

@@ -6,12 +6,14 @@ executor (:mod:`materializer.executors`); neither may change a byte of the artif
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import itertools
 import os
 from pathlib import Path
 
 import numpy as np
+import pyarrow.compute as pc
 import pytest
 
 from catalog.catalog import VidlakeCatalog
@@ -36,6 +38,12 @@ def catalog(tmp_path_factory: pytest.TempPathFactory) -> VidlakeCatalog:
     # Two ingest rounds: several data files per table, so partitions prune some.
     generate_corpus(cat, assets=80, seed=3)
     generate_corpus(cat, assets=70, seed=4)
+    # Asset-side exclusions the partitions must see: a takedown and a quarantine.
+    status = cat.asset_status().filter(pc.invert(pc.field("quarantined")))
+    train = sorted(status.filter(pc.equal(status["split"], "train"))["asset_id"].to_pylist())
+    cat.add_tombstones([{"asset_id": train[0], "kind": "soft", "reason": "licence revoked"}])
+    at = dt.datetime(2025, 3, 1, tzinfo=dt.UTC)
+    cat.add_asset_events([{"asset_id": train[1], "event": "quarantined", "at": at}])
     return cat
 
 
@@ -49,7 +57,9 @@ def baseline(
     catalog: VidlakeCatalog, recipe: Recipe, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[dict[str, str], dict[str, object]]:
     """The one-process cut (no execution given): the bytes every other must equal."""
-    return _cut(catalog, recipe, tmp_path_factory.mktemp("base"), None)
+    shas, snap = _cut(catalog, recipe, tmp_path_factory.mktemp("base"), None)
+    assert {"tombstoned", "quarantined", "duplicate_asset", "eval"} <= set(snap["drops"])
+    return shas, snap
 
 
 def _cut(
