@@ -8,7 +8,8 @@ those tables belongs to one clip), and the range is a row filter that Iceberg's 
 bounds prune to the data files holding it (files compacted sorted by key hold few
 ranges each). The asset side (assets with their near-duplicate links, tombstones and
 status events: the exclusions and the asset columns of the view) is the broadcast set,
-read once by the driver and sent to every worker once.
+read once by the driver and sent to every worker once; each partition joins only the
+rows of it that its clips reach (their assets' rows and every eval asset).
 
 The driver plans each partition's scans at the pin (:func:`catalog.scan_plan.plan_scan`)
 and an executor (:mod:`materializer.executors`) runs :func:`run_partition` on each: the
