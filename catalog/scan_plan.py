@@ -16,7 +16,7 @@ that leading range, which Iceberg's column bounds prune to the files that hold t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -38,7 +38,7 @@ from catalog.tables import arrow_schema
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog
 
-__all__ = ["ScanPlan", "all_of", "key_range", "plan_scan", "read_plan"]
+__all__ = ["ScanPlan", "all_of", "key_range", "plan_scan", "read_plan", "split_plan"]
 
 
 def key_range(column: str, lo: str | None, hi: str | None) -> BooleanExpression:
@@ -121,6 +121,51 @@ def plan_scan(
         _wanted=tuple(columns),
         _out_fields=fields,
     )
+
+
+def split_plan(
+    plan: ScanPlan, column: str, ranges: list[tuple[str | None, str | None]]
+) -> list[ScanPlan]:
+    """``plan`` cut into one plan per ``[lo, hi)`` range of the string ``column``: each
+    keeps the files whose column bounds can hold the range (all, where a file has no
+    bounds) and adds the range to its row filter. The metadata is planned once, however
+    many ranges there are."""
+    field_id = plan._metadata.schema().find_field(column).field_id
+    bounds = [_bounds(t.file, field_id) for t in plan._tasks]
+    out = []
+    for lo, hi in ranges:
+        tasks = tuple(
+            t
+            for t, (low, high) in zip(plan._tasks, bounds, strict=True)
+            if (hi is None or low is None or low < hi)
+            and (lo is None or high is None or high >= lo)
+        )
+        out.append(
+            replace(
+                plan,
+                files=len(tasks),
+                rows=sum(t.file.record_count for t in tasks),
+                _row_filter=And(plan._row_filter, key_range(column, lo, hi)),
+                _tasks=tasks,
+            )
+        )
+    return out
+
+
+def _overlaps(low: str | None, high: str | None, lo: str | None, hi: str | None) -> bool:
+    """Whether values in ``[low, high]`` (None: unbounded) can fall in ``[lo, hi)``."""
+    return (hi is None or low is None or low < hi) and (lo is None or high is None or high >= lo)
+
+
+def _bounds(data_file: Any, field_id: int) -> tuple[str | None, str | None]:
+    """A data file's lower and upper bound of a string column (None: unknown). Iceberg
+    truncates string bounds so that they still bound every value."""
+    low = (data_file.lower_bounds or {}).get(field_id)
+    high = (data_file.upper_bounds or {}).get(field_id)
+    lower = bytes(low).decode("utf-8", "replace") if low is not None else None
+    upper = bytes(high).decode("utf-8", "replace") if high is not None else None
+    # Were an upper bound a bare prefix, values with that prefix would sort after it.
+    return lower, (upper + "\U0010ffff" if upper is not None else None)
 
 
 def read_plan(plan: ScanPlan) -> pa.Table:

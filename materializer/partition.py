@@ -30,7 +30,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from catalog.scan_plan import ScanPlan, all_of, key_range, plan_scan, read_plan
+from catalog.scan_plan import ScanPlan, plan_scan, read_plan, split_plan
 from materializer.clip_view import EVAL_CLIPS_SQL, candidate_params, candidate_sql
 from materializer.executors import Executor
 from materializer.recipe import Recipe
@@ -218,21 +218,17 @@ def partitioned_candidates(
     on ``executor``; ``filters`` are the per-table row filters of the recipe and
     ``scan(name)`` reads a broadcast table in full."""
     # A recipe without scores reads none: that table is broadcast empty.
-    split = [n for n in CLIP_TABLES if n != "scores" or recipe.score_versions()]
-    broadcast = {name: scan(name) for name in SCAN_COLUMNS if name not in split}
-    tasks = []
-    for p in range(partitions):
-        lo, hi = bucket_bounds(p, partitions)
-        tasks.append(
-            {
-                name: plan_scan(
-                    catalog,
-                    name,
-                    pin,
-                    SCAN_COLUMNS[name],
-                    all_of(filters.get(name), key_range("clip_id", lo, hi)),
-                )
-                for name in split
-            }
+    names = [n for n in CLIP_TABLES if n != "scores" or recipe.score_versions()]
+    broadcast = {name: scan(name) for name in SCAN_COLUMNS if name not in names}
+    ranges = [bucket_bounds(p, partitions) for p in range(partitions)]
+    # Each table is planned once and its files dealt to the ranges by their bounds.
+    split = {
+        name: split_plan(
+            plan_scan(catalog, name, pin, SCAN_COLUMNS[name], filters.get(name)),
+            "clip_id",
+            ranges,
         )
+        for name in names
+    }
+    tasks = [{name: plans[p] for name, plans in split.items()} for p in range(partitions)]
     return merge(executor.map(run_partition, (ViewQuery.of(recipe), broadcast), tasks))
