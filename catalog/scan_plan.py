@@ -7,7 +7,8 @@ metadata at the pin, the planned file scan tasks (column-bound pruning already d
 delete files included), the FileIO properties and the row filter, and it pickles.
 What :func:`read_plan` returns equals ``catalog.scan(table, pin, columns, row_filter,
 include_eval=True)`` row for row and type for type: the schema the snapshot was written
-with, nulls for the asked columns it lacks.
+with, nulls for the asked columns it lacks. :func:`split_plan` cuts one plan into key
+ranges by the files' column bounds, so a table is planned once for any number of them.
 
 :func:`key_range` and :func:`all_of` build row filters without importing pyiceberg
 (only ``catalog`` does): ``key_range("clip_id", "4000", "8000")`` keeps the ids with

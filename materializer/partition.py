@@ -11,8 +11,9 @@ status events: the exclusions and the asset columns of the view) is the broadcas
 read once by the driver and sent to every worker once; each partition joins only the
 rows of it that its clips reach (their assets' rows and every eval asset).
 
-The driver plans each partition's scans at the pin (:func:`catalog.scan_plan.plan_scan`)
-and an executor (:mod:`materializer.executors`) runs :func:`run_partition` on each: the
+The driver plans each table's scan at the pin once (:func:`catalog.scan_plan.plan_scan`)
+and deals its files to the partitions by their ``clip_id`` bounds
+(:func:`catalog.scan_plan.split_plan`); an executor (:mod:`materializer.executors`) runs :func:`run_partition` on each: the
 clip view query (:mod:`materializer.clip_view`) over that partition's rows, reduced to
 its kept samples, drop counts, per-stream match counts and eval clip ids
 (:class:`Candidates`). The driver merges them in partition order and sorts the kept
