@@ -3,8 +3,9 @@
 The pinned Iceberg scans are registered in an in-memory DuckDB as Arrow tables (never
 Python lists) and one query (:mod:`materializer.clip_view`) builds the clip view of
 ``docs/recipes.md`` (in this process, or per ``clip_id`` partition on an executor when
-an ``execution`` is given: :mod:`materializer.partition`, the same result): clips x assets x latents (the recipe's tokenizer, each phase's
-rung) x pivoted scores (the named versions) x captions (the named version and kinds).
+an ``execution`` is given: :mod:`materializer.partition`, the same result): clips x
+assets x latents (the recipe's tokenizer, each phase's rung) x pivoted scores (the
+named versions) x captions (the named version and kinds).
 Every candidate sample (a clip at one rung) gets the *first* reason it is dropped, in
 this order:
 
