@@ -14,8 +14,9 @@ rows of it that its clips reach (their assets' rows and every eval asset).
 The driver plans each table's scan at the pin once (:func:`catalog.scan_plan.plan_scan`)
 and deals its files to the partitions by their ``clip_id`` bounds
 (:func:`catalog.scan_plan.split_plan`); an executor (:mod:`materializer.executors`)
-runs :func:`run_partition` on each: the clip view query (:mod:`materializer.clip_view`) over that partition's rows, reduced to
-its kept samples, drop counts, per-stream match counts and eval clip ids
+runs :func:`run_partition` on each: the clip view query (:mod:`materializer.clip_view`)
+over that partition's rows, reduced to its kept samples, drop counts, per-stream match
+counts and eval clip ids
 (:class:`Candidates`). The driver merges them in partition order and sorts the kept
 samples by ``(rung, clip_id)``: a total order, so the merged candidates, and every
 artifact cut from them, are the same for every executor and every ``P``.
