@@ -13,13 +13,15 @@ the numbers are reported (``vidlake coverage``, ``POST /v1/recipes:coverage``) a
 cut refuses, with them, while a requirement's coverage is below the recipe's
 ``min_coverage`` (:func:`check_min_coverage`).
 
-Computed from the selection's one candidate query (:func:`materializer.select.select`
-calls :func:`backfill_coverage` on its rows), in one DuckDB pass.
+Computed from the selection's candidate query, in one DuckDB pass per ``clip_id``
+partition (:func:`materializer.partition.query_candidates` calls
+:func:`backfill_coverage` on its rows); a clip lives in one partition, so the
+partitions' counts add up (:func:`merge_coverage`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -39,6 +41,7 @@ __all__ = [
     "backfill_coverage",
     "check_min_coverage",
     "coverage_report",
+    "merge_coverage",
 ]
 
 #: Drop reasons that come after the candidate stage (a clip dropped for one of these
@@ -137,7 +140,7 @@ SELECT NULL, NULL, 1, count(*), {sums} FROM per_clip
 
 def backfill_coverage(recipe: Recipe, candidates: pa.Table) -> BackfillCoverage:
     """Coverage of ``recipe``'s score and caption versions over the candidate query's
-    rows (:func:`materializer.select.candidate_rows`)."""
+    rows (one partition's, or all of them: :func:`merge_coverage` sums partitions)."""
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
         con.register("cand", candidates)
@@ -169,6 +172,37 @@ def backfill_coverage(recipe: Recipe, candidates: pa.Table) -> BackfillCoverage:
         for i, (key, kind, name, version) in enumerate(keys)
     ]
     return BackfillCoverage(clips, requirements, groups)
+
+
+def merge_coverage(recipe: Recipe, parts: list[BackfillCoverage]) -> BackfillCoverage:
+    """The coverage of disjoint sets of clips (``clip_id`` partitions) as one."""
+    if len(parts) == 1:
+        return parts[0]
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for part in parts:
+        for g in part.groups:
+            into = groups.setdefault(
+                (g["stream"], g["tier"]),
+                {"stream": g["stream"], "tier": g["tier"], "clips": 0, "missing": {}},
+            )
+            into["clips"] += g["clips"]
+            for key, n in g["missing"].items():
+                into["missing"][key] = into["missing"].get(key, 0) + n
+    order = [s.name for s in recipe.streams]
+    merged = sorted(groups.values(), key=lambda g: (order.index(g["stream"]), g["tier"]))
+    clips = sum(p.clips for p in parts)
+    requirements = [
+        replace(
+            first,
+            clips=clips,
+            missing=sum(p.requirements[i].missing for p in parts),
+            partial=None
+            if first.partial is None
+            else sum(p.requirements[i].partial or 0 for p in parts),
+        )
+        for i, first in enumerate(parts[0].requirements)
+    ]
+    return BackfillCoverage(clips, requirements, merged)
 
 
 def _minimum(mins: MinCoverage | None, kind: str, name: str) -> float | None:
@@ -222,10 +256,10 @@ def coverage_report(
         InvalidRecipe: As a cut raises it for the recipe itself (an unknown name).
     """
     from materializer.cut import checked_pin
-    from materializer.select import candidate_rows
+    from materializer.select import candidate_coverage
 
     pin = checked_pin(catalog, recipe, pin)
-    found = backfill_coverage(recipe, candidate_rows(catalog, recipe, pin))
+    found = candidate_coverage(catalog, recipe, pin)
     return {
         "name": recipe.name,
         "recipe_sha256": recipe.sha256(),

@@ -28,8 +28,13 @@ selection, :func:`plan_samples`, :func:`snapshot_doc`) and publishes nothing; a 
 that selects nothing fails with :func:`nothing_selected`'s breakdown.
 
 ``lineage.arrow`` answers "which steps served this row" in O(1): one record per
-manifest row (``row``, ``steps: large_list<int64>``), built by one stable argsort over the
-flattened plan. It is uncompressed Arrow IPC, so the service memory-maps it.
+manifest row (``row``, ``steps: large_list<int64>``), built by an external sort of the
+plan's (row, step) pairs in bounded memory (:mod:`materializer.plan.lineage`). It is
+uncompressed Arrow IPC, so the service memory-maps it.
+
+The selection's join may run partitioned by ``clip_id`` on an executor (a local process
+pool or Ray: ``execution``, :mod:`materializer.partition`); the artifacts are the same
+for every executor and partition count, so neither is part of a cut's inputs key.
 
 Why this module is a little over 500 lines: the cut's stages (pin, selection, plan,
 artifacts, publication) are public so the dry run (:mod:`materializer.dry_run`) reuses
@@ -53,21 +58,16 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from catalog.errors import InvalidInput, InvalidRecipe
-from manifests.format import (
-    FORMAT_VERSION,
-    INDEX_SCHEMA,
-    LINEAGE_NAME,
-    LINEAGE_SCHEMA,
-    QUALITY_NAME,
-)
+from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, LINEAGE_NAME, QUALITY_NAME
 from manifests.inputs import INPUTS_KEY, cut_inputs_sha256
-from manifests.ipc import iter_batches, write_table
+from manifests.ipc import write_table
 from manifests.tags import tag_published
 from materializer.coverage import check_min_coverage
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
+from materializer.plan.lineage import write_lineage
 from materializer.quality import cut_quality, quality_summary
 from materializer.recipe import Recipe, recipe_notes
-from materializer.select import Selection, check_pools, phase_mask, select
+from materializer.select import Execution, Selection, check_pools, phase_mask, select
 from materializer.validate import check_recipe, pin_centroids, resolve_pin
 
 if TYPE_CHECKING:
@@ -115,11 +115,14 @@ def cut_snapshot(
     progress: Progress | None = None,
     workdir: str | os.PathLike[str] | None = None,
     pin: Pin | None = None,
+    execution: Execution | None = None,
 ) -> SnapshotRecord:
     """Cut ``recipe`` at its catalog pin and register it as the next version.
 
     ``pin``, when given, is the recipe's pin already resolved (the service resolves it
     when the request arrives, so that the cut and its idempotency key see one state).
+    ``execution`` names the executor and the ``clip_id`` partitions of the selection
+    (:mod:`materializer.partition`); the artifacts do not depend on it.
 
     Raises:
         InvalidRecipe: The recipe names a value the catalog does not hold at the pin
@@ -132,7 +135,9 @@ def cut_snapshot(
     # The pid in the name lets ``vidlake gc`` find the folders of killed cutters.
     prefix = f"vidlake-cut-{os.getpid()}-"
     with tempfile.TemporaryDirectory(prefix=prefix, dir=workdir) as tmp:
-        artifacts, snapshot = build_artifacts(catalog, recipe, Path(tmp), progress=report, pin=pin)
+        artifacts, snapshot = build_artifacts(
+            catalog, recipe, Path(tmp), progress=report, pin=pin, execution=execution
+        )
         report("publish", 0.0)
         record = registry.publish(artifacts, snapshot, parent=registry.next_parent())
         report("publish", 1.0)
@@ -184,17 +189,19 @@ def build_artifacts(
     *,
     progress: Progress | None = None,
     pin: Pin | None = None,
+    execution: Execution | None = None,
 ) -> tuple[dict[str, Path], dict[str, Any]]:
     """Write every artifact of a cut into ``out``; return their paths and snapshot.json.
 
     ``snapshot.json`` lacks ``version``, ``parent`` and ``artifacts``, which the
-    registry fills when it publishes.
+    registry fills when it publishes. ``execution`` (executor and partitions) changes
+    where the selection runs, never the artifacts.
     """
     report = progress or (lambda stage, fraction: None)
     report("pin", 0.0)
     pin = checked_pin(catalog, recipe, pin)
     report("pin", 1.0)
-    selection = select(catalog, recipe, pin, progress=report)
+    selection = select(catalog, recipe, pin, progress=report, execution=execution)
     check_min_coverage(recipe, selection.backfill)
     if selection.samples.num_rows == 0:
         raise nothing_selected(recipe, selection)
@@ -217,7 +224,9 @@ def build_artifacts(
 
     report("lineage", 0.0)
     lineage_path = out / LINEAGE_NAME
-    write_table(lineage_path, _lineage_table(plan_path, samples.num_rows))
+    spill = out / "lineage-spill"
+    write_lineage(lineage_path, plan_path, samples.num_rows, summary.plan_rows, spill)
+    spill.rmdir()
     report("lineage", 1.0)
 
     snapshot = snapshot_doc(recipe, pin, selection, samples, summary)
@@ -433,35 +442,6 @@ def _manifest_table(recipe: Recipe, samples: pa.Table) -> pa.Table:
     table = table.append_column("score_versions", pa.repeat(pa.scalar(versions), n))
     table = table.append_column("caption_version", pa.repeat(pa.scalar(recipe.captions.version), n))
     return table.combine_chunks()
-
-
-def _lineage_table(plan_path: Path, num_rows: int) -> pa.Table:
-    """Per manifest row, the sorted steps that serve it (one stable argsort)."""
-    rows_parts, steps_parts = [], []
-    for batch in iter_batches(plan_path, what="plan.arrow"):
-        lists = batch.column("rows")
-        flat = pc.list_flatten(lists).to_numpy()
-        lengths = pc.list_value_length(lists).to_numpy()
-        steps = np.repeat(batch.column("step").to_numpy(), lengths)
-        rows_parts.append(np.array(flat, dtype=np.int64))
-        steps_parts.append(steps.astype(np.int64))
-    rows = np.concatenate(rows_parts) if rows_parts else np.zeros(0, np.int64)
-    steps = np.concatenate(steps_parts) if steps_parts else np.zeros(0, np.int64)
-    # One sort of unique (row, step) keys: rows ascending, steps ascending within a row
-    # (a plain sort of int64 is cheaper than a stable argsort plus a gather).
-    span = int(steps.max()) + 1 if len(steps) else 1
-    keys = rows * span + steps
-    keys.sort()
-    counts = np.bincount(rows, minlength=num_rows)
-    offsets = np.zeros(num_rows + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    values = pa.array(keys % span, pa.int64())
-    lists = pa.LargeListArray.from_arrays(pa.array(offsets), values)
-    table = pa.table(
-        {"row": pa.array(np.arange(num_rows, dtype=np.int64)), "steps": lists},
-        schema=LINEAGE_SCHEMA,
-    )
-    return table
 
 
 def snapshot_doc(

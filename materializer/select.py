@@ -2,8 +2,10 @@
 
 The pinned Iceberg scans are registered in an in-memory DuckDB as Arrow tables (never
 Python lists) and one query (:mod:`materializer.clip_view`) builds the clip view of
-``docs/recipes.md``: clips x assets x latents (the recipe's tokenizer, each phase's
-rung) x pivoted scores (the named versions) x captions (the named version and kinds).
+``docs/recipes.md`` (in this process, or per ``clip_id`` partition on an executor when
+an ``execution`` is given: :mod:`materializer.partition`, the same result): clips x
+assets x latents (the recipe's tokenizer, each phase's rung) x pivoted scores (the
+named versions) x captions (the named version and kinds).
 Every candidate sample (a clip at one rung) gets the *first* reason it is dropped, in
 this order:
 
@@ -30,9 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,9 +41,16 @@ from numpy.typing import NDArray
 
 from catalog.errors import InvalidInput, InvalidRecipe
 from materializer.centroids import CentroidConfig, CentroidSet, CentroidStore
-from materializer.clip_view import EVAL_CLIPS_SQL, candidate_params, candidate_sql
-from materializer.coverage import BackfillCoverage, backfill_coverage
+from materializer.coverage import BackfillCoverage
 from materializer.dedup import Decontamination, decontaminate, semdedup
+from materializer.executors import Executor, LocalExecutor
+from materializer.partition import (
+    SCAN_COLUMNS,
+    Candidates,
+    ViewQuery,
+    partitioned_candidates,
+    query_candidates,
+)
 from materializer.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -51,8 +59,9 @@ if TYPE_CHECKING:
     from catalog.reads import RowFilter
 
 __all__ = [
+    "Execution",
     "Selection",
-    "candidate_rows",
+    "candidate_coverage",
     "check_pools",
     "check_stream_matches",
     "phase_mask",
@@ -94,6 +103,7 @@ def select(
     pin: Pin,
     *,
     progress: Progress | None = None,
+    execution: Execution | None = None,
 ) -> Selection:
     """Evaluate ``recipe`` against the catalog at ``pin``.
 
@@ -102,15 +112,17 @@ def select(
         recipe: A validated recipe.
         pin: The catalog state to read.
         progress: Called with ``(stage, fraction)``.
+        execution: Where the clip view's join runs, over how many ``clip_id``
+            partitions (:mod:`materializer.partition`); None: one, in this process.
+            The selection does not depend on it.
     """
     report = progress or (lambda stage, fraction: None)
-    table, eval_ids = _candidates(catalog, recipe, pin, report)
+    found = _candidates(catalog, recipe, pin, report, execution)
     report("join", 1.0)
-    backfill = backfill_coverage(recipe, table)
-    table = _check_stream_matches(recipe, table)
-    candidates = table.num_rows
-    drops: dict[str, int] = {}
-    table = _take_kept(table, drops)
+    check_stream_matches(recipe, found.match_counts)
+    candidates = found.count
+    drops: dict[str, int] = dict(found.drops)
+    table = found.kept
     table = _drop_where(table, pc.is_null(table["latent_frames"]), "no_latent_frames", drops)
     if recipe.tensor_keys:
         table = _drop_where(
@@ -128,7 +140,7 @@ def select(
 
     report("embeddings", 0.0)
     table, decontamination, centroids = _embedding_drops(
-        catalog, recipe, pin, table, eval_ids, drops
+        catalog, recipe, pin, table, found.eval_ids, drops
     )
     report("embeddings", 1.0)
     table = _phase_gate(recipe, table, drops)
@@ -140,52 +152,68 @@ def select(
         stream_names=[s.name for s in recipe.streams],
         decontamination=decontamination,
         centroids=centroids,
-        backfill=backfill,
+        backfill=found.backfill,
     )
 
 
 def stream_match_counts(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin) -> list[int]:
     """Per stream, the train candidate samples its predicate matches at ``pin``
     (before every drop but ``eval``, each stream on its own: no first-match rule)."""
-    table, _ = _candidates(catalog, recipe, pin, lambda stage, fraction: None)
-    return _match_counts(table, len(recipe.streams))
+    return _candidates(catalog, recipe, pin, lambda stage, fraction: None, None).match_counts
 
 
-def candidate_rows(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin) -> pa.Table:
-    """The candidate query's rows at ``pin``: every (clip, rung) with its first drop
-    reason, tier and ``_match_<i>`` stream flags (:mod:`materializer.clip_view`)."""
-    return _candidates(catalog, recipe, pin, lambda stage, fraction: None)[0]
+@dataclass(frozen=True)
+class Execution:
+    """How a selection runs: an executor and a number of ``clip_id`` partitions."""
+
+    executor: Executor
+    partitions: int = 1
+
+
+def candidate_coverage(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin) -> BackfillCoverage:
+    """Backfill coverage of the candidate query's rows at ``pin`` (what a cut computes
+    on the way, :mod:`materializer.coverage`), without the rest of the selection."""
+    found = _candidates(catalog, recipe, pin, lambda stage, fraction: None, None)
+    assert found.backfill is not None
+    return found.backfill
 
 
 def _candidates(
-    catalog: VidlakeCatalog, recipe: Recipe, pin: Pin, report: Progress
-) -> tuple[pa.Table, list[str]]:
-    """The candidate query's rows, and the eval clip ids of the pinned catalog."""
-    con = duckdb.connect(":memory:", config={"threads": 2})
-    try:
-        report("scan", 0.0)
-        _register_scans(con, catalog, recipe, pin, report)
+    catalog: VidlakeCatalog,
+    recipe: Recipe,
+    pin: Pin,
+    report: Progress,
+    execution: Execution | None,
+) -> Candidates:
+    """The clip view's rows reduced to the kept samples and the counts selection needs."""
+    filters = _row_filters(recipe)
+
+    def scan(name: str) -> pa.Table:
+        if name == "scores" and not recipe.score_versions():
+            return _empty(name, SCAN_COLUMNS[name])
+        return catalog.scan(
+            name, pin=pin, columns=SCAN_COLUMNS[name], row_filter=filters.get(name),
+            include_eval=True,
+        )  # fmt: skip
+
+    report("scan", 0.0)
+    if execution is not None and (execution.partitions > 1 or _remote(execution.executor)):
         report("join", 0.0)
-        table = con.sql(candidate_sql(recipe), params=candidate_params(recipe)).to_arrow_table()
-        eval_ids = [r[0] for r in con.sql(EVAL_CLIPS_SQL).fetchall()]
-    finally:
-        con.close()
-    return table, eval_ids
+        return partitioned_candidates(
+            catalog, recipe, pin, filters, executor=execution.executor,
+            partitions=execution.partitions, scan=scan,
+        )  # fmt: skip
+    tables = {}
+    for i, name in enumerate(SCAN_COLUMNS):
+        tables[name] = scan(name)
+        report("scan", (i + 1) / len(SCAN_COLUMNS))
+    report("join", 0.0)
+    return query_candidates(ViewQuery.of(recipe), tables)
 
 
-def _match_counts(table: pa.Table, num_streams: int) -> list[int]:
-    train = pc.fill_null(pc.not_equal(table["drop_reason"], "eval"), True)
-    counts = []
-    for i in range(num_streams):
-        hits = pc.and_(table[f"_match_{i}"], train)
-        counts.append(int(pc.sum(pc.cast(hits, pa.int64())).as_py() or 0))
-    return counts
-
-
-def _check_stream_matches(recipe: Recipe, table: pa.Table) -> pa.Table:
-    """Refuse a stream whose predicate matches no train candidate; drop the flags."""
-    check_stream_matches(recipe, _match_counts(table, len(recipe.streams)))
-    return table.drop_columns([f"_match_{i}" for i in range(len(recipe.streams))])
+def _remote(executor: Executor) -> bool:
+    """Whether ``executor`` runs tasks elsewhere (then even one partition goes there)."""
+    return not isinstance(executor, LocalExecutor)
 
 
 def check_stream_matches(recipe: Recipe, counts: list[int]) -> None:
@@ -213,58 +241,17 @@ def check_stream_matches(recipe: Recipe, counts: list[int]) -> None:
 
 
 # -- scans ----------------------------------------------------------------------------
-_SCAN_COLUMNS: dict[str, list[str]] = {
-    "assets": [
-        "asset_id", "source", "source_tier", "license_id", "territory", "pii_class",
-        "probe_codec", "probe_bitrate", "split", "duplicate_of", "near_duplicates",
-    ],
-    "clips": [
-        "clip_id", "asset_id", "t_start_s", "t_end_s", "fps", "num_frames", "width",
-        "height", "split", "job_id",
-    ],
-    "latents": [
-        "clip_id", "rung", "tokenizer_version", "format", "object_sha256", "offset",
-        "length", "member_sha256", "tensor_keys", "latent_frames", "tokens", "job_id",
-        "ingested_at",
-    ],
-    "scores": ["clip_id", "filter_name", "filter_version", "score", "job_id", "computed_at"],
-    "captions": [
-        "clip_id", "caption_version", "kind", "text", "text_embedding_sha256",
-        "model_version", "ingested_at",
-    ],
-    "tombstones": ["asset_id", "kind"],
-    "asset_events": ["asset_id", "event", "at"],
-}  # fmt: skip
+def _row_filters(recipe: Recipe) -> dict[str, RowFilter]:
+    """The row filters the recipe puts on its scans (rungs, caption version, filters)."""
+    from catalog.reads import one_of
 
-
-def _register_scans(
-    con: duckdb.DuckDBPyConnection,
-    catalog: VidlakeCatalog,
-    recipe: Recipe,
-    pin: Pin,
-    report: Progress,
-) -> None:
     rungs = sorted({p.rung for p in recipe.phases})
-    filters: dict[str, Any] = {
+    wanted: dict[str, tuple[str, list[str]]] = {
         "latents": ("rung", rungs),
         "captions": ("caption_version", [recipe.captions.version]),
         "scores": ("filter_name", sorted(recipe.score_versions())),
     }
-    from catalog.reads import one_of
-
-    for i, (name, columns) in enumerate(_SCAN_COLUMNS.items()):
-        row_filter: RowFilter | None = None
-        if name in filters:
-            col, values = filters[name]
-            row_filter = one_of(col, values) if values else None
-        if name == "scores" and not recipe.score_versions():
-            table = _empty(name, columns)
-        else:
-            table = catalog.scan(
-                name, pin=pin, columns=columns, row_filter=row_filter, include_eval=True
-            )
-        con.register(f"raw_{name}", table)
-        report("scan", (i + 1) / len(_SCAN_COLUMNS))
+    return {name: one_of(col, values) for name, (col, values) in wanted.items() if values}
 
 
 def _empty(name: str, columns: list[str]) -> pa.Table:
@@ -272,16 +259,6 @@ def _empty(name: str, columns: list[str]) -> pa.Table:
 
     schema = arrow_schema(TABLES[name].schema)
     return schema.empty_table().select(columns)
-
-
-def _take_kept(table: pa.Table, drops: dict[str, int]) -> pa.Table:
-    reasons = table["drop_reason"]
-    dropped = table.filter(pc.is_valid(reasons))
-    if dropped.num_rows:
-        counts = pc.value_counts(dropped["drop_reason"])
-        for item in counts.to_pylist():
-            drops[item["values"]] = drops.get(item["values"], 0) + int(item["counts"])
-    return table.filter(pc.is_null(reasons)).drop_columns(["drop_reason"])
 
 
 def _lacks_keys(table: pa.Table, keys: tuple[str, ...]) -> pa.Array:

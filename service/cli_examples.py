@@ -33,6 +33,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "cut": (
         "vidlake cut docs/recipes/demo.yaml --dry-run",
         f"vidlake cut my-recipe.yaml {_URL}   # scope: cut",
+        "vidlake cut my-recipe.yaml --executor ray://ray-head:10001 --partitions 512",
     ),
     "validate": (f"vidlake validate my-recipe.yaml {_URL}   # scope: read",),
     "snapshots": (f"vidlake snapshots {_URL}   # scope: read",),

@@ -58,6 +58,25 @@ def cut(
             "publish nothing.",
         ),
     ] = False,
+    executor: Annotated[
+        str | None,
+        typer.Option(
+            "--executor",
+            help="Where the selection's join runs: local (a process pool), local:N "
+            "(local:1 in process), ray://host:port or auto (RAY_ADDRESS, else the Ray "
+            "cluster on this machine). Default: the cut_executor setting.",
+        ),
+    ] = None,
+    partitions: Annotated[
+        int | None,
+        typer.Option(
+            "--partitions",
+            min=1,
+            max=65536,
+            help="clip_id partitions of the join, each one task (default: the "
+            "cut_partitions setting, 1). The artifacts do not depend on it.",
+        ),
+    ] = None,
     url: UrlOpt = None,
     token: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -68,7 +87,9 @@ def cut(
     code version), that version is shown instead, unless --new-version. Weights that
     do not sum to 1 are normalised with a warning, noted in snapshot.json (`notes`).
     --dry-run exits 2 when a cut would fail (the reasons are printed beside the counts);
-    a cut that selects nothing prints the same breakdown before its error."""
+    a cut that selects nothing prints the same breakdown before its error.
+    --executor and --partitions split the selection's join by clip_id over a process
+    pool or a Ray cluster; the artifacts are byte-identical for every choice."""
     from service.cli_plan import render_breakdown, render_plan
 
     parsed = _recipe(recipe)
@@ -81,7 +102,13 @@ def cut(
         return
     try:
         with open_client(url, token) as client, progress(not as_json) as report:
-            snap = client.cut(parsed, new_version=new_version, progress=report)
+            snap = client.cut(
+                parsed,
+                new_version=new_version,
+                progress=report,
+                executor=executor,
+                partitions=partitions,
+            )
     except InvalidInput as exc:
         if not as_json and isinstance(exc.details.get("breakdown"), dict):
             counts = exc.details["breakdown"]

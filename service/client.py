@@ -95,9 +95,17 @@ class Client(Protocol):
         ...
 
     def cut(
-        self, recipe: Recipe, *, new_version: bool = False, progress: Progress | None = None
+        self,
+        recipe: Recipe,
+        *,
+        new_version: bool = False,
+        progress: Progress | None = None,
+        executor: str | None = None,
+        partitions: int | None = None,
     ) -> dict[str, Any]:
-        """Cut ``recipe`` (or find the version its inputs made) and wait: snapshot.json."""
+        """Cut ``recipe`` (or find the version its inputs made) and wait: snapshot.json.
+        ``executor`` and ``partitions`` say where the selection runs (the server's
+        settings when None); the artifacts do not depend on them."""
         ...
 
     def snapshots(self, *, limit: int = 100, offset: int = 0) -> dict[str, Any]:
@@ -433,10 +441,16 @@ class HttpClient:
         *,
         new_version: bool = False,
         progress: Progress | bool | None = None,
+        executor: str | None = None,
+        partitions: int | None = None,
     ) -> dict[str, Any]:
         """Cut ``recipe`` and wait for its job (``progress``: a callback, or True for a
         bar); the published version's snapshot.json."""
-        body = {"recipe": recipe_document(recipe), "new_version": new_version}
+        body: dict[str, Any] = {"recipe": recipe_document(recipe), "new_version": new_version}
+        if executor is not None:
+            body["executor"] = executor
+        if partitions is not None:
+            body["partitions"] = partitions
         job = self._call("POST", "/v1/snapshots", json=body)
         if "id" not in job:  # 200: a published version already has these inputs
             return self.snapshot(job["version"])

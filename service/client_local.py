@@ -111,13 +111,24 @@ class LocalClient:
         *,
         new_version: bool = False,
         progress: Progress | bool | None = None,
+        executor: str | None = None,
+        partitions: int | None = None,
     ) -> dict[str, Any]:
         from materializer.recipe import Recipe as RecipeModel
         from materializer.recipe import load_recipe
         from service.cuts import submit_cut
 
         model = recipe if isinstance(recipe, RecipeModel) else load_recipe(recipe)
-        outcome = submit_cut(self.services, model, new_version=new_version, owner="local")
+        # In process the caller is the operator: any Ray cluster it names is its own.
+        outcome = submit_cut(
+            self.services,
+            model,
+            new_version=new_version,
+            owner="local",
+            executor=executor,
+            partitions=partitions,
+            any_cluster=True,
+        )
         if outcome.record is not None:
             return self.snapshot(outcome.record.version)
         assert outcome.job is not None

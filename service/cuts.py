@@ -15,6 +15,13 @@ version). Then, unless the caller asks for a new version:
 
 A job that loses the race for a version number to a *different* cut still fails with
 the registry's ``conflict``, as before.
+
+Where the cut's selection runs (:func:`cut_execution`: an executor and a number of
+``clip_id`` partitions, from the request or else the settings ``cut_executor`` and
+``cut_partitions``) is not an input: the artifacts are the same for every choice, so it
+is recorded in the job's parameters, not in the inputs key. A request over HTTP may
+name ``local``, ``local:N``, ``auto`` or the server's own Ray address, never another
+cluster (the server would connect to it).
 """
 
 from __future__ import annotations
@@ -23,15 +30,18 @@ import tempfile
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from catalog.errors import InvalidInput
 from manifests.inputs import cut_inputs_sha256, find_published
 from manifests.registry import SnapshotRecord
 from service.jobs import JobRecord
 
 if TYPE_CHECKING:
     from materializer.recipe import Recipe
+    from materializer.select import Execution
     from service.deps import Services
+    from service.settings import Settings
 
-__all__ = ["CutOutcome", "submit_cut"]
+__all__ = ["CutOutcome", "cut_execution", "submit_cut"]
 
 
 @dataclass(frozen=True)
@@ -43,12 +53,61 @@ class CutOutcome:
     created: bool = False
 
 
+def cut_execution(
+    settings: Settings,
+    executor: str | None = None,
+    partitions: int | None = None,
+    *,
+    any_cluster: bool = False,
+) -> Execution | None:
+    """The execution a cut runs with: ``executor`` and ``partitions`` where given,
+    else the settings'; None for one partition in this process (the plain cut).
+    ``any_cluster`` lets the caller name any ``ray://`` address (the CLI in process).
+
+    Raises:
+        InvalidInput: A bad executor spec, a partition count out of range, or (without
+            ``any_cluster``) a Ray address other than the server's own.
+    """
+    from materializer.executors import open_executor, parse_executor
+    from materializer.partition import MAX_PARTITIONS
+    from materializer.select import Execution
+
+    spec = parse_executor(executor or settings.cut_executor)
+    count = partitions if partitions is not None else settings.cut_partitions
+    if not 1 <= count <= MAX_PARTITIONS:
+        raise InvalidInput(
+            f"partitions {count}: expected 1..{MAX_PARTITIONS}", field="partitions", value=count
+        )
+    own = {"auto", settings.cut_executor, settings.ray_cluster()}
+    if executor and spec.kind == "ray" and not any_cluster and spec.address not in own:
+        raise InvalidInput(
+            f"executor {spec.address!r}: this server cuts on its own Ray cluster only "
+            "('auto', or its ray_address)",
+            field="executor",
+            value=spec.address,
+        )
+    if spec.kind == "local" and count == 1:
+        return None
+    return Execution(open_executor(spec, ray_address=settings.ray_cluster()), count)
+
+
 def submit_cut(
-    services: Services, recipe: Recipe, *, new_version: bool, owner: str | None
+    services: Services,
+    recipe: Recipe,
+    *,
+    new_version: bool,
+    owner: str | None,
+    executor: str | None = None,
+    partitions: int | None = None,
+    any_cluster: bool = False,
 ) -> CutOutcome:
-    """Answer a cut request (see the module docstring)."""
+    """Answer a cut request (see the module docstring); ``executor`` and
+    ``partitions`` as in :func:`cut_execution`."""
     from materializer.cut import check_plan_fits, code_version, resolve_pin
     from materializer.validate import check_recipe
+
+    execution = cut_execution(services.settings, executor, partitions, any_cluster=any_cluster)
+    where = {"execution": execution} if execution is not None else {}
 
     catalog, registry, cut = services.catalog, services.registry, services.cut
     pin = resolve_pin(catalog, recipe)
@@ -63,7 +122,7 @@ def submit_cut(
     check_plan_fits(recipe, tempfile.gettempdir())
 
     def run(progress: Any) -> dict[str, Any]:
-        record = cut(catalog, registry, recipe, progress, pin=pin)
+        record = cut(catalog, registry, recipe, progress, pin=pin, **where)
         return {
             "version": record.version,
             "snapshot_sha256": record.entry.snapshot_sha256,
@@ -77,6 +136,8 @@ def submit_cut(
         "inputs_sha256": key,
         "catalog_snapshot_ids": pin.to_dict(),
         "new_version": new_version,
+        "executor": str(executor or services.settings.cut_executor),
+        "partitions": execution.partitions if execution is not None else 1,
     }
     runner = services.runner
     if new_version:

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from catalog.pins import Pin
     from manifests.registry import Registry, SnapshotRecord
     from materializer.recipe import Recipe
+    from materializer.select import Execution
     from service.jobs import Progress
 
 __all__ = [
@@ -78,10 +79,13 @@ def _default_cut(
     progress: Progress,
     *,
     pin: Pin | None = None,
+    execution: Execution | None = None,
 ) -> SnapshotRecord:
+    """``materializer.cut.cut_snapshot``; ``execution`` is passed only when a cut is
+    partitioned (:func:`service.cuts.cut_execution`)."""
     from materializer.cut import cut_snapshot
 
-    return cut_snapshot(catalog, registry, recipe, progress=progress, pin=pin)
+    return cut_snapshot(catalog, registry, recipe, progress=progress, pin=pin, execution=execution)
 
 
 class Services:

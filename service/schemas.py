@@ -110,6 +110,20 @@ class SnapshotCreate(_In):
         description="Publish a new version even when one with the same inputs exists "
         "(it will have the same artifacts)",
     )
+    executor: str | None = Field(
+        None,
+        description="Where the selection's join runs: local, local:N, auto or the "
+        "server's own ray://host:port (default: the server's cut_executor). The "
+        "artifacts do not depend on it",
+        max_length=300,
+    )
+    partitions: int | None = Field(
+        None,
+        ge=1,
+        le=65536,
+        description="clip_id partitions of the selection's join (default: the server's "
+        "cut_partitions); the artifacts do not depend on it",
+    )
 
 
 class SnapshotPublic(_Out):

@@ -76,6 +76,19 @@ class Settings(BaseSettings):
         64 * 1024 * 1024, ge=1024, description="Most bytes of one SQL result"
     )
 
+    # Cuts: where the selection's join runs (the artifacts do not depend on it)
+    cut_executor: str = Field(
+        "local",
+        description="Executor of a cut's partitions: local, local:N, ray://host:port, or "
+        "auto (the Ray cluster at ray_address, else the one on this machine)",
+    )
+    cut_partitions: int = Field(
+        1, ge=1, le=65536, description="clip_id partitions of a cut's selection join"
+    )
+    ray_address: str | None = Field(
+        None, description="The Ray cluster of the auto executor (default: RAY_ADDRESS)"
+    )
+
     # Loader-side defaults for the CLI
     cache_dir: Path | None = None
     cache_budget_bytes: int = 8 * 1024**3
@@ -108,6 +121,10 @@ class Settings(BaseSettings):
         ``AWS_DEFAULT_REGION`` (the catalog itself reads no environment)."""
         env = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
         return self.s3_region or env or None
+
+    def ray_cluster(self) -> str | None:
+        """The Ray address ``auto`` connects to: ``ray_address``, else ``RAY_ADDRESS``."""
+        return self.ray_address or os.environ.get("RAY_ADDRESS") or None
 
     @classmethod
     def settings_customise_sources(

@@ -23,8 +23,9 @@ Randomness is counter based (:mod:`.rng`: splitmix64 of (seed, purpose,
 coordinates)), so the output does not depend on how steps are chunked, and every sort
 key is unique. The other modules: :mod:`.spec` (the inputs), :mod:`.scatter` (the
 write-time order of manifest rows), :mod:`.summary` (what a plan realized) and
-:mod:`.write` (``plan.arrow`` on disk). Each module imports only those listed before
-it in this docstring's dependency order: rng, spec < scatter, buckets, quotas <
+:mod:`.write` (``plan.arrow`` on disk), :mod:`.lineage` (``lineage.arrow`` from a
+written plan, by an external sort). Each module imports only those listed before it in
+this docstring's dependency order: rng, spec, lineage < scatter, buckets, quotas <
 layout < draw < steps < summary < write.
 """
 

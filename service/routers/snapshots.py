@@ -139,7 +139,14 @@ def create_snapshot(
     body: SnapshotCreate, services: Svc, principal: Cutter, response: Response
 ) -> Any:
     recipe = load_recipe_body(body.recipe)
-    outcome = submit_cut(services, recipe, new_version=body.new_version, owner=principal.name)
+    outcome = submit_cut(
+        services,
+        recipe,
+        new_version=body.new_version,
+        owner=principal.name,
+        executor=body.executor,
+        partitions=body.partitions,
+    )
     if outcome.record is not None:
         pinned = any(p.version == outcome.record.version for p in services.registry.pins())
         return JSONResponse(

@@ -699,6 +699,7 @@ def test_plan_modules_import_only_the_ones_below_them() -> None:
     levels = {
         "rng": 0,
         "spec": 0,
+        "lineage": 0,
         "scatter": 1,
         "buckets": 1,
         "quotas": 1,

@@ -1,0 +1,159 @@
+"""Executors: where a partitioned cut's tasks run (:mod:`materializer.partition`).
+
+One seam, three implementations, chosen by a spec string (``vidlake cut --executor``):
+
+``local``
+    A process pool on this machine, one process per CPU (at most one per task). The
+    default; a cut of one partition runs in this process without a pool.
+``local:N``
+    A pool of ``N`` processes; ``local:1`` runs every task in this process.
+``ray://host:port`` or ``auto``
+    Ray tasks on a cluster: the Ray Client address of an existing cluster, or
+    ``auto``, which connects to the address the caller resolved (the settings read
+    ``RAY_ADDRESS``; the materializer reads no environment) or else to the cluster
+    running on this machine. A process that already called ``ray.init`` (a test, a
+    notebook) is used as it is. Ray is the optional extra ``vidlake[ray]``.
+
+Every executor runs ``fn(shared, task)`` for each task and returns the results in task
+order; ``shared`` (the broadcast set) is sent to each worker once, not once per task
+(a pool initializer; ``ray.put``). The results do not depend on the executor: the
+artifacts of a cut are byte-identical for every one of them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from catalog.errors import InvalidInput, NotInstalled, StorageError
+
+__all__ = ["Executor", "ExecutorSpec", "open_executor", "parse_executor"]
+
+S = TypeVar("S")
+T = TypeVar("T")
+R = TypeVar("R")
+
+_LOCAL = re.compile(r"^local(?::([1-9][0-9]{0,3}))?$")
+_RAY = re.compile(r"^ray://[A-Za-z0-9._-]+:[0-9]{1,5}$")
+
+
+@dataclass(frozen=True)
+class ExecutorSpec:
+    """A parsed ``--executor`` value.
+
+    Attributes:
+        kind: ``local`` or ``ray``.
+        processes: Local pool size (None: one per CPU).
+        address: The Ray address (``ray://host:port``, ``auto``), for ``ray``.
+    """
+
+    kind: str
+    processes: int | None = None
+    address: str | None = None
+
+    def __str__(self) -> str:
+        if self.kind == "ray":
+            return str(self.address)
+        return "local" if self.processes is None else f"local:{self.processes}"
+
+
+def parse_executor(spec: str | None) -> ExecutorSpec:
+    """``spec`` (None: ``local``) as an :class:`ExecutorSpec`.
+
+    Raises:
+        InvalidInput: Not ``local``, ``local:N`` (1..9999), ``ray://host:port`` or ``auto``.
+    """
+    text = (spec or "local").strip()
+    if m := _LOCAL.match(text):
+        return ExecutorSpec("local", int(m.group(1)) if m.group(1) else None)
+    if text == "auto" or _RAY.match(text):
+        return ExecutorSpec("ray", address=text)
+    raise InvalidInput(
+        f"executor {text!r}: expected 'local', 'local:N', 'ray://host:port' or 'auto'",
+        field="executor",
+        value=text,
+    )
+
+
+class Executor(Protocol):
+    """Runs ``fn(shared, task)`` for every task; results in task order."""
+
+    def map(self, fn: Callable[[S, T], R], shared: S, tasks: Sequence[T]) -> list[R]: ...
+
+
+def open_executor(spec: ExecutorSpec | str | None, *, ray_address: str | None = None) -> Executor:
+    """The executor ``spec`` names; ``ray_address`` is what ``auto`` connects to
+    (None: the cluster on this machine)."""
+    parsed = spec if isinstance(spec, ExecutorSpec) else parse_executor(spec)
+    if parsed.kind == "ray":
+        address = parsed.address
+        if address == "auto" and ray_address:
+            address = ray_address
+        return RayExecutor(address or "auto")
+    return LocalExecutor(parsed.processes)
+
+
+class LocalExecutor:
+    """A process pool of ``processes`` (None: one per CPU); 1 runs in this process."""
+
+    def __init__(self, processes: int | None = None) -> None:
+        self.processes = processes
+
+    def map(self, fn: Callable[[S, T], R], shared: S, tasks: Sequence[T]) -> list[R]:
+        workers = min(self.processes or os.cpu_count() or 1, len(tasks))
+        if workers <= 1:
+            return [fn(shared, t) for t in tasks]
+        # spawn: the parent holds DuckDB and pyiceberg threads, which fork would copy.
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_set_shared, initargs=(shared,)
+        ) as pool:
+            return list(pool.map(_call_shared, [fn] * len(tasks), tasks))
+
+
+_SHARED: list[Any] = []
+
+
+def _set_shared(shared: Any) -> None:
+    _SHARED[:] = [shared]
+
+
+def _call_shared(fn: Callable[[Any, Any], Any], task: Any) -> Any:
+    return fn(_SHARED[0], task)
+
+
+class RayExecutor:
+    """Ray tasks (one CPU each) on the cluster at ``address``."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+
+    def map(self, fn: Callable[[S, T], R], shared: S, tasks: Sequence[T]) -> list[R]:
+        ray = _ray()
+        if not ray.is_initialized():
+            try:
+                ray.init(address=self.address, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise StorageError(
+                    f"cannot connect to the Ray cluster at {self.address!r}: {exc}",
+                    executor=self.address,
+                ) from exc
+        remote = ray.remote(num_cpus=1)(fn)
+        ref = ray.put(shared)
+        results: list[R] = ray.get([remote.remote(ref, t) for t in tasks])
+        return results
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise NotInstalled(
+            "the ray executor needs Ray: pip install 'vidlake[ray]'", field="executor"
+        ) from exc
+    return ray

@@ -1,0 +1,142 @@
+"""The partitioned cut: artifacts byte-identical for every partition count and executor.
+
+The selection's join runs per ``clip_id`` bucket (:mod:`materializer.partition`) on an
+executor (:mod:`materializer.executors`); neither may change a byte of the artifacts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import itertools
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow.compute as pc
+import pytest
+
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
+from catalog.errors import InvalidInput, StorageError
+from manifests.format import LINEAGE_NAME
+from materializer.cut import build_artifacts
+from materializer.executors import LocalExecutor, RayExecutor, open_executor, parse_executor
+from materializer.partition import bucket_bounds, bucket_of
+from materializer.recipe import Recipe, load_recipe
+from materializer.select import Execution
+from service.demo.corpus import generate_corpus
+from tests.fixtures.recipes import small_corpus_demo
+
+DATA_ARTIFACTS = ("manifest.parquet", "plan.arrow", "index.arrow", LINEAGE_NAME)
+
+
+@pytest.fixture(scope="module")
+def catalog(tmp_path_factory: pytest.TempPathFactory) -> VidlakeCatalog:
+    root = tmp_path_factory.mktemp("lake")
+    cat = VidlakeCatalog.open(CatalogConfig.embedded(root, eval_salt="00" * 16))
+    # Two ingest rounds: several data files per table, so partitions prune some.
+    generate_corpus(cat, assets=80, seed=3)
+    generate_corpus(cat, assets=70, seed=4)
+    # Asset-side exclusions the partitions must see: a takedown and a quarantine.
+    status = cat.asset_status().filter(pc.invert(pc.field("quarantined")))
+    train = sorted(status.filter(pc.equal(status["split"], "train"))["asset_id"].to_pylist())
+    cat.add_tombstones([{"asset_id": train[0], "kind": "soft", "reason": "licence revoked"}])
+    at = dt.datetime(2025, 3, 1, tzinfo=dt.UTC)
+    cat.add_asset_events([{"asset_id": train[1], "event": "quarantined", "at": at}])
+    return cat
+
+
+@pytest.fixture(scope="module")
+def recipe() -> Recipe:
+    return load_recipe(small_corpus_demo())
+
+
+@pytest.fixture(scope="module")
+def baseline(
+    catalog: VidlakeCatalog, recipe: Recipe, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[dict[str, str], dict[str, object]]:
+    """The one-process cut (no execution given): the bytes every other must equal."""
+    shas, snap = _cut(catalog, recipe, tmp_path_factory.mktemp("base"), None)
+    assert {"tombstoned", "quarantined", "duplicate_asset", "eval"} <= set(snap["drops"])
+    return shas, snap
+
+
+def _cut(
+    catalog: VidlakeCatalog, recipe: Recipe, out: Path, execution: Execution | None
+) -> tuple[dict[str, str], dict[str, object]]:
+    artifacts, snap = build_artifacts(catalog, recipe, out, execution=execution)
+    shas = {n: hashlib.sha256(artifacts[n].read_bytes()).hexdigest() for n in DATA_ARTIFACTS}
+    assert sorted(p.name for p in out.iterdir()) == sorted(DATA_ARTIFACTS)  # no spill left
+    return shas, snap
+
+
+@pytest.mark.parametrize("partitions", [1, 3, 16])
+def test_every_partition_count_gives_the_same_artifact_bytes(
+    catalog: VidlakeCatalog,
+    recipe: Recipe,
+    baseline: tuple[dict[str, str], dict[str, object]],
+    tmp_path: Path,
+    partitions: int,
+) -> None:
+    shas, snap = _cut(catalog, recipe, tmp_path, Execution(LocalExecutor(1), partitions))
+    assert shas == baseline[0]
+    assert snap == baseline[1]  # counts, drops, shares: every fact of snapshot.json
+
+
+@pytest.mark.slow  # a spawned pool of 2 imports pyarrow, DuckDB and pyiceberg (~5-10 s)
+def test_a_process_pool_gives_the_same_artifact_bytes(
+    catalog: VidlakeCatalog,
+    recipe: Recipe,
+    baseline: tuple[dict[str, str], dict[str, object]],
+    tmp_path: Path,
+) -> None:
+    shas, snap = _cut(catalog, recipe, tmp_path, Execution(open_executor("local:2"), 3))
+    assert shas == baseline[0]
+    assert snap == baseline[1]
+
+
+def test_buckets_are_key_ranges_that_cover_every_id_once() -> None:
+    rng = np.random.default_rng(0)
+    ids = [f"{v:08x}" + "0" * 24 for v in rng.integers(0, 1 << 32, 2000)]
+    ids += ["0" * 32, "f" * 32, "55555555" + "0" * 24, "55555556" + "f" * 24]
+    for partitions in (1, 2, 3, 7, 16, 1000):
+        for clip_id in ids:
+            p = bucket_of(clip_id, partitions)
+            lo, hi = bucket_bounds(p, partitions)
+            assert 0 <= p < partitions
+            assert (lo is None or clip_id >= lo) and (hi is None or clip_id < hi)
+        bounds = [bucket_bounds(p, partitions) for p in range(partitions)]
+        assert bounds[0][0] is None and bounds[-1][1] is None
+        assert all(a[1] == b[0] for a, b in itertools.pairwise(bounds))
+
+
+def test_executor_specs_parse_and_bad_ones_are_named() -> None:
+    assert str(parse_executor(None)) == "local"
+    assert parse_executor("local:4").processes == 4
+    assert str(parse_executor("ray://10.0.0.5:10001")) == "ray://10.0.0.5:10001"
+    assert isinstance(open_executor("auto", ray_address="ray://head:10001"), RayExecutor)
+    for bad in ("local:0", "spark", "ray://", "ray://host", "local:x"):
+        with pytest.raises(InvalidInput, match="executor"):
+            parse_executor(bad)
+
+
+def test_one_process_pool_runs_in_this_process() -> None:
+    pid = LocalExecutor(1).map(_pid, None, [1, 2])
+    assert pid == [os.getpid(), os.getpid()]
+
+
+def _pid(shared: object, task: int) -> int:
+    return os.getpid()
+
+
+@pytest.mark.ray
+@pytest.mark.slow  # Ray's client gives up on a closed port after a few seconds
+def test_an_unreachable_ray_cluster_is_a_clear_error() -> None:
+    pytest.importorskip("ray", reason="Ray is not installed (pip install 'vidlake[ray]')")
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("a Ray session of another test is open in this process")
+    with pytest.raises(StorageError, match="cannot connect to the Ray cluster"):
+        RayExecutor("ray://127.0.0.1:1").map(_pid, None, [1])
