@@ -113,6 +113,7 @@ class VidlakeCatalog:
         rule = config.near_dup_rule()
         keys = KeyStore(index_path(config), self._load, rule)
         planner = Planner(keys, rule, eval_fraction, eval_salt, lambda: self.objects)
+        self._keys = keys
         self._ingester = Ingester(self._load, keys, planner)
 
     # -- opening ----------------------------------------------------------------------
@@ -169,7 +170,8 @@ class VidlakeCatalog:
         return load_table(self.iceberg, self.config.namespace, name)
 
     def close(self) -> None:
-        """Release the backend's connections."""
+        """Release the backend's connections (and the key index's)."""
+        self._keys.close()
         closer = getattr(self.iceberg, "close", None)
         if callable(closer):
             closer()

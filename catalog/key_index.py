@@ -350,9 +350,10 @@ class KeyStore:
 
 
 def index_path(config: CatalogConfig) -> Path:
-    """Where ``config``'s key index lives: ``config.key_index``, else beside a SQLite
-    catalog's file, else under ``.vidlake/key-index/`` named by the catalog (each host
-    keeps its own: the index is a cache of committed keys)."""
+    """Where ``config``'s key index lives: ``config.key_index``; else beside a SQLite
+    catalog's file; else, named by the catalog, in a ``key-index`` directory beside a
+    local warehouse or under ``~/.cache/vidlake/`` (each host keeps its own copy: the
+    index is a cache of committed keys)."""
     if config.key_index is not None:
         return Path(config.key_index)
     prefix = "sqlite:///"
@@ -360,7 +361,9 @@ def index_path(config: CatalogConfig) -> Path:
     if config.uri.startswith(prefix) and db and db != ":memory:" and not db.startswith("file:"):
         return Path(db).parent / f"key-index.{config.namespace}.sqlite"
     name = hashlib.sha256(f"{config.uri}\x1f{config.namespace}".encode()).hexdigest()[:16]
-    return Path(".vidlake/key-index") / f"{name}.sqlite"
+    if "://" not in config.warehouse:
+        return Path(config.warehouse).absolute().parent / "key-index" / f"{name}.sqlite"
+    return Path.home() / ".cache" / "vidlake" / "key-index" / f"{name}.sqlite"
 
 
 def _digests_or_none(keys: pa.Array | pa.ChunkedArray) -> list[bytes | None]:
