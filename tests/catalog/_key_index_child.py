@@ -1,9 +1,9 @@
 """Children of ``test_key_index.py``: ingest from another process, or die mid-way.
 
 ``ingest`` adds overlapping assets and clips in small batches (a race partner);
-``die_after_commit`` and ``die_in_index_write`` add one batch of new clips (``k`` 2 and 3) and are killed
-(``os._exit``) right after the Iceberg commit, before the key index learns of it, or
-inside the index's write transaction, before it commits.
+``die_after_commit`` and ``die_in_index_write`` add one batch of new clips (``k`` 2
+and 3) and are killed (``os._exit``) right after the Iceberg commit, before the key
+index learns of it, or inside the index's next write transaction, before it commits.
 """
 
 from __future__ import annotations
