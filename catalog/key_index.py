@@ -141,6 +141,9 @@ class KeyStore:
             conn = sqlite3.connect(
                 self.path, timeout=_BUSY_S, isolation_level=None, check_same_thread=False
             )
+            # 1 KiB pages: a batch's random keys dirty one leaf each, so small pages
+            # write ~2x less per batch than 4 KiB (docs/decisions/018-ingestscale-*).
+            conn.execute("PRAGMA page_size = 1024")  # takes effect on a new file only
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")  # a lost last txn is re-synced
             conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
@@ -246,19 +249,20 @@ class KeyStore:
     def has(self, view: str, keys: pa.Array | pa.ChunkedArray) -> NDArray[np.bool_]:
         """Whether each key is in ``view`` (``clips``: clip ids; ``latents``: latent
         keys; ``assets``: asset ids); a null key is absent."""
-        table = "assets" if view == "assets" else view
-        found = self._by_digest(f"SELECT k FROM {table}", keys)
-        return np.array([d in found for d in _digests_or_none(keys)], dtype=np.bool_)
+        wanted = _digests_or_none(keys)
+        found = self._by_digest(f"SELECT k FROM {view}", wanted)
+        return np.array([d in found for d in wanted], dtype=np.bool_)
 
     def splits(self, asset_ids: pa.Array | pa.ChunkedArray) -> list[str | None]:
         """Each asset's split (None: unknown asset, or a null id)."""
-        found = self._by_digest("SELECT k, split FROM assets", asset_ids)
-        return [None if d is None else found.get(d) for d in _digests_or_none(asset_ids)]
+        wanted = _digests_or_none(asset_ids)
+        found = self._by_digest("SELECT k, split FROM assets", wanted)
+        return [None if d is None else found.get(d) for d in wanted]
 
-    def _by_digest(self, select: str, keys: pa.Array | pa.ChunkedArray) -> dict[bytes, Any]:
-        """Rows of ``select`` whose ``k`` is one of ``keys``' digests (k → second
+    def _by_digest(self, select: str, keys: list[bytes | None]) -> dict[bytes, Any]:
+        """Rows of ``select`` whose ``k`` is one of the digests ``keys`` (k → second
         column, or k → k)."""
-        wanted = sorted({d for d in _digests_or_none(keys) if d is not None})
+        wanted = sorted({d for d in keys if d is not None})
         out: dict[bytes, Any] = {}
         with self._lock:
             conn = self._db()
