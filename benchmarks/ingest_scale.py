@@ -99,9 +99,8 @@ def _grow(config: CatalogConfig, have: int, want: int, assets: int, floor: int =
 
 def _child(config_json: str, shift: float, batch: int, batches: int) -> dict[str, Any]:
     """One fresh ingest process: ``batches`` batches of new clips (``shift``)."""
-    from pyiceberg.expressions import In
-
     from catalog.maintenance.compact import compact_table
+    from catalog.reads import one_of
 
     config = CatalogConfig.model_validate_json(config_json)
     new = [_clips(k * batch, batch, shift) for k in range(batches)]
@@ -123,7 +122,7 @@ def _child(config_json: str, shift: float, batch: int, batches: int) -> dict[str
         tbl = cat.iceberg_table("clips")
         t0 = time.perf_counter()
         tbl.scan(
-            row_filter=In("clip_id", probe.to_pylist()), selected_fields=("clip_id",)
+            row_filter=one_of("clip_id", probe.to_pylist()), selected_fields=("clip_id",)
         ).to_arrow()
         scan_s = time.perf_counter() - t0
     return {

@@ -309,7 +309,8 @@ class KeyStore:
             zip(row.tolist(), slot.tolist(), value.tolist(), strict=True),
         )
         found = conn.execute(
-            "SELECT DISTINCT q.r, b.asset_id FROM q JOIN bands b ON b.slot = q.slot AND b.v = q.v"
+            "SELECT DISTINCT q.r, a.asset_id FROM q"
+            " JOIN bands b ON b.slot = q.slot AND b.v = q.v JOIN assets a ON a.k = b.k"
         ).fetchall()
         conn.execute("DELETE FROM q")
         return np.array([r for r, _ in found], dtype=np.int64), [a for _, a in found]

@@ -10,7 +10,7 @@ rows of the index's SQLite tables, and the index's schema:
 ``edges``    recorded near-duplicate links, both directions, by source (``a``: the
              assets' ``near_duplicates``/``duplicate_of``; ``e``: link events)
 ``bands``    the near-duplicate search keys of every asset
-             (:func:`catalog.rules.band_keys`)
+             (:func:`catalog.rules.band_keys`) and the asset's key digest
 ============ =================================================================
 
 A key digest is the first 16 bytes of the SHA-256 of the key's UTF-8 text: fixed
@@ -48,8 +48,7 @@ CREATE TABLE IF NOT EXISTS edges (
     a TEXT NOT NULL, b TEXT NOT NULL, src TEXT NOT NULL, PRIMARY KEY (a, b, src)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS bands (
-    slot INTEGER NOT NULL, v INTEGER NOT NULL, asset_id TEXT NOT NULL,
-    PRIMARY KEY (slot, v, asset_id)
+    slot INTEGER NOT NULL, v INTEGER NOT NULL, k BLOB NOT NULL, PRIMARY KEY (slot, v, k)
 ) WITHOUT ROWID;
 """
 
@@ -103,7 +102,8 @@ def _asset_rows(rows: pa.Table, rule: rules.NearDupRule) -> Writes:
     packed = [frames[i, : lengths[i]].astype(">u8").tobytes() for i in range(len(ids))]
     rate = rules.bitrates(rows).tolist()
     splits = rows["split"].to_pylist()
-    keyed = sorted(zip(digests(rows["asset_id"]), ids, splits, rate, packed, strict=True))
+    keys = digests(rows["asset_id"])
+    keyed = sorted(zip(keys, ids, splits, rate, packed, strict=True))
     near = rows["near_duplicates"]
     owner = to_numpy(pc.list_parent_indices(near)).astype(np.int64)
     others = pc.list_flatten(near).to_pylist()
@@ -111,7 +111,7 @@ def _asset_rows(rows: pa.Table, rule: rules.NearDupRule) -> Writes:
     edge_a = [ids[i] for i in owner.tolist()] + ids
     edge_b = others + dup_of
     row, slot, value = rules.band_keys(frames, lengths, rule)
-    bands = zip(slot.tolist(), value.tolist(), [ids[i] for i in row.tolist()], strict=True)
+    bands = zip(slot.tolist(), value.tolist(), [keys[i] for i in row.tolist()], strict=True)
     return [
         ("INSERT OR IGNORE INTO assets VALUES (?, ?, ?, ?, ?)", keyed),
         ("INSERT OR IGNORE INTO edges VALUES (?, ?, 'a')", _pairs(edge_a, edge_b)),
