@@ -3,6 +3,7 @@ when missing or stale, shared by processes, and never ahead of Iceberg after a c
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from pyiceberg.table import Table
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
 from catalog.key_index import KeyStore, index_path
+from catalog.key_index_rows import digests
 from catalog.maintenance.compact import compact_table
 from tests.catalog._key_index_child import asset, clip, ingest
 
@@ -144,3 +146,15 @@ def test_two_processes_with_overlapping_keys_share_one_index(tmp_path: Path) -> 
         clips = _clip_ids(cat)
         assert len(assets) == 45 and pc.count_distinct(assets).as_py() == 45
         assert len(clips) == 90 and pc.count_distinct(clips).as_py() == 90
+
+
+def test_key_digests_are_the_ids_bytes_or_a_longer_hash() -> None:
+    """Hex ids are stored as their bytes (exact, vectorised); any other key (a latent
+    key, an uppercase id) as 20 bytes of its SHA-256, a length no id has."""
+    ids = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(5)]
+    sliced = pa.array(["x", *ids]).slice(1)
+    assert digests(sliced) == [bytes.fromhex(i) for i in ids]
+    assert digests(pa.array([i[:32] for i in ids])) == [bytes.fromhex(i[:32]) for i in ids]
+    upper, lower = digests(pa.array(["AB" * 16, "ab" * 16]))
+    assert lower == b"\xab" * 16 and len(upper) == 20
+    assert digests(pa.array(["c\x1f720p"])) == [hashlib.sha256(b"c\x1f720p").digest()[:20]]
