@@ -58,7 +58,7 @@ are retried here, re-checking duplicates against the new state.
 Where each part lives: :mod:`catalog.config` (the config, the ingest result),
 :mod:`catalog.backends` (connecting, the namespace's frozen settings),
 :mod:`catalog.commit` (one batch's commit loop), :mod:`catalog.ingest` (the per-table
-planners), :mod:`catalog.keycache` (the incremental key cache), :mod:`catalog.reads`
+planners), :mod:`catalog.key_index` (the on-disk key index), :mod:`catalog.reads`
 (pinned scans, the eval policy of :mod:`catalog.table_names`). This module wires them
 behind :class:`VidlakeCatalog`; it is the only way other packages reach pyiceberg
 state (snapshot ids, data files, table locations): nothing outside ``catalog``
@@ -82,7 +82,8 @@ from catalog.config import CatalogConfig, IngestResult
 from catalog.errors import NotFound, StorageError, VidlakeError
 from catalog.ingest import Planner
 from catalog.ingest_history import IngestPoint, ingest_history
-from catalog.keycache import KeyCache, snapshot_id
+from catalog.key_index import KeyStore, index_path
+from catalog.keycache import snapshot_id
 from catalog.objects import ObjectStore, open_store
 from catalog.pins import Pin
 from catalog.reads import RowFilter
@@ -115,9 +116,10 @@ class VidlakeCatalog:
         self.eval_salt = eval_salt
         self._objects = objects
         rule = config.near_dup_rule()
-        cache = KeyCache(self._load, rule.window)
-        planner = Planner(cache, rule, eval_fraction, eval_salt, lambda: self.objects)
-        self._ingester = Ingester(self._load, cache, planner)
+        keys = KeyStore(index_path(config), self._load, rule)
+        planner = Planner(keys, rule, eval_fraction, eval_salt, lambda: self.objects)
+        self._keys = keys
+        self._ingester = Ingester(self._load, keys, planner)
 
     # -- opening ----------------------------------------------------------------------
     @classmethod
@@ -186,7 +188,8 @@ class VidlakeCatalog:
         return load_table(self.iceberg, self.config.namespace, name)
 
     def close(self) -> None:
-        """Release the backend's connections."""
+        """Release the backend's connections (and the key index's)."""
+        self._keys.close()
         closer = getattr(self.iceberg, "close", None)
         if callable(closer):
             closer()

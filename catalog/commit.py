@@ -30,7 +30,8 @@ from catalog.coerce import coerce_batch, conform, fill_time
 from catalog.config import IngestResult
 from catalog.errors import Conflict, NotFound, StorageError
 from catalog.ingest import Plan, Planner
-from catalog.keycache import KeyCache, snapshot_id
+from catalog.key_index import VIEWS, KeyStore
+from catalog.keycache import snapshot_id
 from catalog.tables import TABLES
 
 __all__ = ["COMMIT_ATTEMPTS", "Ingester", "Rows"]
@@ -63,13 +64,13 @@ class Ingester:
 
     Args:
         load: Loads a table by name (fresh metadata).
-        cache: The catalog's key cache (advanced after each of our commits).
+        keys: The catalog's key index (advanced after each of our commits).
         planner: The per-table planners.
     """
 
-    def __init__(self, load: Callable[[str], Table], cache: KeyCache, planner: Planner) -> None:
+    def __init__(self, load: Callable[[str], Table], keys: KeyStore, planner: Planner) -> None:
         self._load = load
-        self._cache = cache
+        self._index = keys
         self._planner = planner
         self._lock = threading.RLock()
         self._keys: dict[str, idempotency.KeyIndex] = {}
@@ -149,7 +150,7 @@ class Ingester:
             raise StorageError(f"appending to {name} failed: {exc}", table=name) from exc
         snap = tbl.current_snapshot()
         assert snap is not None  # we just appended
-        self._cache.advance(name, base, snap.parent_snapshot_id, snap.snapshot_id, rows)
+        self._index.advance(name, base, snap.parent_snapshot_id, snap.snapshot_id, rows)
         if events is not None:
             self.append_links(events, snap.snapshot_id)
         return IngestResult(
@@ -191,12 +192,23 @@ class Ingester:
         for sid in link_events.missing(assets, planned, recorded, self._load("asset_events")):
             try:
                 old, new = link_events.committed_batch(assets, sid)
+                recorded = self._link_events()
             except _LINK_FAILURES as exc:  # a later add_assets tries again
                 log.warning("re-deriving the events of assets snapshot %d failed: %s", sid, exc)
                 continue
-            events = link_events.rederive(old, self._cache.get("near_dup_events").data, new)
+            events = link_events.rederive(old, recorded, new)
             log.warning("assets snapshot %d lost %d link events; re-derived", sid, len(events))
             self.append_links(events, sid)
+
+    def _link_events(self) -> pa.Table:
+        """Every recorded ``near_duplicate`` event (a repair reads the whole assets
+        table too: it runs only after a writer was killed between its two commits)."""
+        spec = VIEWS["near_dup_events"]
+        tbl = self._load(spec.table)
+        try:
+            return tbl.scan(row_filter=spec.row_filter, selected_fields=spec.columns).to_arrow()
+        except BACKEND_ERRORS as exc:
+            raise StorageError(f"reading {spec.table} failed: {exc}", table=spec.table) from exc
 
 
 def _warn_other_rows(name: str, key: str, prior: idempotency.Recorded, batch_sha: str) -> None:

@@ -44,6 +44,9 @@ class CatalogConfig(BaseModel):
             endpoint, else pyiceberg's own lookup).
         iceberg_properties: Extra pyiceberg catalog / FileIO properties, passed through
             (``s3.access-key-id``, ``s3.secret-access-key``, ``token``, …).
+        key_index: Local file of ingest's key index (:mod:`catalog.key_index`, a
+            cache of committed keys rebuilt when missing). None: ``key-index.sqlite``
+            beside a SQLite catalog's file, else under ``.vidlake/key-index/``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -63,6 +66,7 @@ class CatalogConfig(BaseModel):
     s3_path_style: bool | None = None
     s3_region: str | None = None
     iceberg_properties: dict[str, str] = Field(default_factory=dict)
+    key_index: str | None = None
 
     @field_validator("eval_salt")
     @classmethod

@@ -1,7 +1,7 @@
 """The per-table ingest planners: what one batch adds, checked against the catalog.
 
 A planner takes a coerced batch (:func:`catalog.coerce.coerce_batch`) and the table it
-goes to, checks it against the catalog's keys (:mod:`catalog.keycache`), and returns a
+goes to, checks it against the catalog's key index (:mod:`catalog.key_index`), and returns a
 :class:`Plan`: the rows to append, the counts of the result, and for assets the
 near-duplicate events of a second commit. A bad row raises
 :class:`~catalog.errors.InvalidBatch` naming the row and the field; a planner never
@@ -35,16 +35,8 @@ from pyiceberg.table import Table
 
 from catalog import link_events, rules
 from catalog.errors import InvalidBatch
-from catalog.keycache import (
-    Cached,
-    KeyCache,
-    combined,
-    find_ids,
-    find_refs,
-    first_occurrence,
-    latent_key,
-    to_numpy,
-)
+from catalog.key_index import KeyStore, Matches
+from catalog.keycache import combined, first_occurrence, latent_key, to_numpy
 from catalog.latent_headers import check_latent_headers, member_hashes, member_ranges
 from catalog.objects import ObjectStore
 from catalog.objects.refs import resolve_head
@@ -88,7 +80,7 @@ class Planner:
     """The planners of one catalog.
 
     Args:
-        cache: The catalog's key cache.
+        keys: The catalog's key index.
         rule: The near-duplicate rule.
         eval_fraction: The frozen eval carve-out fraction.
         eval_salt: The frozen eval carve-out salt.
@@ -97,13 +89,13 @@ class Planner:
 
     def __init__(
         self,
-        cache: KeyCache,
+        keys: KeyStore,
         rule: rules.NearDupRule,
         eval_fraction: float,
         eval_salt: str,
         objects: Callable[[], ObjectStore],
     ) -> None:
-        self._cache = cache
+        self._keys = keys
         self._rule = rule
         self._eval_fraction = eval_fraction
         self._eval_salt = eval_salt
@@ -115,9 +107,8 @@ class Planner:
 
     def plan_clip_refs(self, batch: pa.Table, tbl: Table) -> Plan:
         """Scores and captions: every row's clip exists."""
-        # A clip has a few scores or captions at most: no dictionary (it costs more).
-        at = find_ids(self._cache.get("clips"), "clip_id", batch["clip_id"])
-        if (row := first_bad(at >= 0)) is not None:
+        self._keys.sync("clips")
+        if (row := first_bad(self._keys.has("clips", batch["clip_id"]))) is not None:
             raise InvalidBatch(
                 f"row {row}, field 'clip_id': unknown clip {batch['clip_id'][row]}",
                 row=row,
@@ -127,12 +118,10 @@ class Planner:
 
     def plan_asset_refs(self, batch: pa.Table, tbl: Table) -> Plan:
         """Tombstones and asset events: the asset (and a related one) exists."""
-        assets = self._cache.get("assets")
+        self._keys.sync("assets")
         for col in ("asset_id", "related_asset_id"):
             if col in batch.column_names:
-                known = to_numpy(pc.is_null(batch[col])) | (
-                    find_ids(assets, "asset_id", batch[col]) >= 0
-                )
+                known = to_numpy(pc.is_null(batch[col])) | self._keys.has("assets", batch[col])
                 if (row := first_bad(known)) is not None:
                     raise InvalidBatch(
                         f"row {row}, field {col!r}: unknown asset", row=row, field=col
@@ -141,10 +130,10 @@ class Planner:
 
     def plan_assets(self, batch: pa.Table, tbl: Table) -> Plan:
         """Assets: dedup by id, the eval carve-out, near-duplicate links."""
-        have = self._cache.get("assets", tbl)
+        self._keys.sync("assets", tbl)
+        self._keys.sync("near_dup_events")
         ids = batch["asset_id"]
-        digests = rules.hex_prefix64(ids)
-        dup = (have.find("asset_id", ids, digests) >= 0) | ~first_occurrence(ids, digests)
+        dup = self._keys.has("assets", ids) | ~first_occurrence(ids, rules.hex_prefix64(ids))
         keep = np.flatnonzero(~dup)
         new = batch.take(pa.array(keep))
         if new.num_rows == 0:
@@ -160,7 +149,7 @@ class Planner:
                     field="split",
                 )
             is_eval |= to_numpy(pc.fill_null(pc.equal(new["split"], "eval"), False))
-        dup_of, near, events = self._link_near_duplicates(new, have)
+        dup_of, near, events = self._link_near_duplicates(new)
         rows = new.drop_columns(
             [c for c in ("split", "duplicate_of", "near_duplicates") if c in new.column_names]
         )
@@ -176,16 +165,16 @@ class Planner:
             events=events,
         )
 
-    def _link_near_duplicates(
-        self, new: pa.Table, have: Cached
-    ) -> tuple[pa.Array, pa.Array, pa.Table | None]:
+    def _link_near_duplicates(self, new: pa.Table) -> tuple[pa.Array, pa.Array, pa.Table | None]:
         """``duplicate_of`` and ``near_duplicates`` of new assets, and the link events.
 
         The near-duplicate graph has an edge for every match ever recorded (each
         asset's ``near_duplicates``, ``duplicate_of``, and ``near_duplicate`` events);
-        each connected group's canonical copy is :func:`rules.canonical_indices`.
+        each connected group's canonical copy is :func:`rules.canonical_indices`. Only
+        the groups this batch's matches touch are read (:meth:`KeyStore.near_duplicates`):
+        the others cannot change.
         """
-        m, n_old, rule = new.num_rows, have.data.num_rows, self._rule
+        m, rule = new.num_rows, self._rule
         none = pa.nulls(m, pa.large_string()), pa.nulls(m, pa.large_list(pa.large_string()))
         fps = (
             new["fingerprint"]
@@ -193,48 +182,11 @@ class Planner:
             else pa.nulls(m, pa.large_binary())
         )
         q, q_len = rules.fingerprint_matrix(fps, rule.window)
-        qi, ri = rules.near_duplicate_pairs(
-            q, q_len, have.derived["frames"], have.derived["lengths"], rule
-        )
         bi, bj = rules.near_duplicate_pairs(q, q_len, q, q_len, rule, same=True)
-        if len(qi) == 0 and len(bi) == 0:
+        found = self._keys.near_duplicates(q, q_len)
+        if len(found.query) == 0 and len(bi) == 0:
             return *none, None
-        all_ids = _NodeIds(combined(have.data["asset_id"]), combined(new["asset_id"]))
-        new_rate = rules.bitrates(new)
-
-        def rate_of(nodes: NDArray[np.int64]) -> NDArray[np.float64]:
-            old = nodes < n_old
-            rate = np.empty(len(nodes), dtype=np.float64)
-            rate[old] = have.derived["bitrate"][nodes[old]]
-            rate[~old] = new_rate[nodes[~old] - n_old]
-            return rate
-
-        links = rules.plan_links(
-            n_old, m, self._link_edges(have), (qi, ri), (bi, bj), rate_of, all_ids.take
-        )
-        dup_of = np.full(m, None, dtype=object)
-        linked = links.duplicate_of >= 0
-        dup_of[linked] = all_ids.take(links.duplicate_of[linked])
-        events = link_events.event_rows(
-            all_ids.take(links.event_asset), all_ids.take(links.event_canonical)
-        )
-        counts = np.bincount(links.match_owner, minlength=m)
-        offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
-        values = pa.array(all_ids.take(links.match_other).tolist(), pa.large_string())
-        near = pa.LargeListArray.from_arrays(offsets, values, mask=pa.array(counts == 0))
-        return pa.array(dup_of.tolist(), pa.large_string()), near, events
-
-    def _link_edges(self, have: Cached) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """Recorded near-duplicate edges among existing assets, as row indices."""
-        events = self._cache.get("near_dup_events").data
-        data = have.data
-        return rules.link_edges(
-            combined(data["asset_id"]),
-            data["near_duplicates"],
-            data["duplicate_of"],
-            events["asset_id"],
-            events["related_asset_id"],
-        )
+        return _links(found, new, (bi, bj))
 
     def plan_clips(self, batch: pa.Table, tbl: Table) -> Plan:
         """Clips: ``clip_id`` is the rule's (computed when absent), then
@@ -276,22 +228,22 @@ class Planner:
 
     def _plan_clip_rows(self, batch: pa.Table, tbl: Table, ids: pa.Array) -> Plan:
         """Clip rows with ``ids``: asset references, splits and duplicates."""
-        assets = self._cache.get("assets")
-        at = find_refs(assets, "asset_id", batch["asset_id"])
-        if (row := first_bad(at >= 0)) is not None:
+        self._keys.sync("assets")
+        refs = pc.dictionary_encode(combined(batch["asset_id"]))  # each asset once
+        splits = pa.array(self._keys.splits(refs.dictionary), pa.large_string())
+        split = pc.take(splits, refs.indices)
+        if (row := first_bad(pc.is_valid(split))) is not None:
             raise InvalidBatch(
                 f"row {row}, field 'asset_id': unknown asset", row=row, field="asset_id"
             )
-        split = pc.take(assets.data["split"], pa.array(at))
         if "split" in batch.column_names:
             agree = pc.or_kleene(pc.is_null(batch["split"]), pc.equal(batch["split"], split))
             if (row := first_bad(agree)) is not None:
                 raise InvalidBatch(
                     f"row {row}, field 'split': differs from the asset's", row=row, field="split"
                 )
-        have = self._cache.get("clips", tbl)
-        digests = rules.hex_prefix64(ids)
-        dup = (have.find("clip_id", ids, digests) >= 0) | ~first_occurrence(ids, digests)
+        self._keys.sync("clips", tbl)
+        dup = self._keys.has("clips", ids) | ~first_occurrence(ids, rules.hex_prefix64(ids))
         rows = batch.drop_columns([c for c in ("clip_id", "split") if c in batch.column_names])
         rows = rows.append_column("clip_id", ids).append_column("split", split)
         if dup.any():
@@ -333,17 +285,16 @@ class Planner:
     def plan_latents(self, batch: pa.Table, tbl: Table) -> Plan:
         """Latents (after :meth:`prepare_latents`): the clip exists; a latent already
         present (clip, rung, tokenizer, member SHA-256) is a duplicate."""
-        known = find_ids(self._cache.get("clips"), "clip_id", batch["clip_id"]) >= 0
-        if (row := first_bad(known)) is not None:
+        self._keys.sync("clips")
+        if (row := first_bad(self._keys.has("clips", batch["clip_id"]))) is not None:
             raise InvalidBatch(
                 f"row {row}, field 'clip_id': unknown clip", row=row, field="clip_id"
             )
         key = latent_key(
             batch["clip_id"], batch["rung"], batch["tokenizer_version"], batch["member_sha256"]
         )
-        have = self._cache.get("latents", tbl)
-        digests = rules.hex_prefix64(batch["clip_id"])
-        dup = (have.find("key", key, digests) >= 0) | ~first_occurrence(key)
+        self._keys.sync("latents", tbl)
+        dup = self._keys.has("latents", key) | ~first_occurrence(key)
         return Plan(batch.filter(pa.array(~dup)), duplicates=int(dup.sum()))
 
     def _object_sizes(self, shas: pa.ChunkedArray) -> NDArray[np.int64]:
@@ -366,16 +317,31 @@ class Planner:
         return sizes[to_numpy(pc.index_in(shas, value_set=unique)).astype(np.int64)]
 
 
-class _NodeIds:
-    """Asset ids of graph nodes: existing rows first, then the batch's."""
-
-    def __init__(self, old: pa.Array, new: pa.Array) -> None:
-        self.old, self.new = old, new
-
-    def take(self, nodes: NDArray[np.int64]) -> NDArray[np.str_]:
-        n_old = len(self.old)
-        out = np.empty(len(nodes), dtype="U64")
-        is_old = nodes < n_old
-        out[is_old] = self.old.take(pa.array(nodes[is_old])).to_pylist()
-        out[~is_old] = self.new.take(pa.array(nodes[~is_old] - n_old)).to_pylist()
-        return out
+def _links(
+    found: Matches, new: pa.Table, in_batch: tuple[NDArray[np.int64], NDArray[np.int64]]
+) -> tuple[pa.Array, pa.Array, pa.Table]:
+    """:func:`rules.plan_links` over the touched groups: nodes are the groups' existing
+    assets (``found.ids``), then the batch's rows."""
+    m, n_old = new.num_rows, len(found.ids)
+    new_ids = np.asarray(combined(new["asset_id"]).to_pylist(), dtype="U64")
+    every = np.concatenate([found.ids.astype("U64"), new_ids])
+    new_rate = rules.bitrates(new)
+    rate = np.concatenate([found.bitrate, new_rate])
+    links = rules.plan_links(
+        n_old,
+        m,
+        found.edges,
+        (found.query, found.node),
+        in_batch,
+        lambda nodes: rate[nodes],
+        lambda nodes: every[nodes],
+    )
+    dup_of = np.full(m, None, dtype=object)
+    linked = links.duplicate_of >= 0
+    dup_of[linked] = every[links.duplicate_of[linked]]
+    events = link_events.event_rows(every[links.event_asset], every[links.event_canonical])
+    counts = np.bincount(links.match_owner, minlength=m)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+    values = pa.array(every[links.match_other].tolist(), pa.large_string())
+    near = pa.LargeListArray.from_arrays(offsets, values, mask=pa.array(counts == 0))
+    return pa.array(dup_of.tolist(), pa.large_string()), near, events

@@ -33,6 +33,7 @@ __all__ = [
     "FRAME_BYTES",
     "MIN_FRAME_BITS",
     "NearDupRule",
+    "band_keys",
     "fingerprint_matrix",
     "frame_match_counts",
     "is_near_duplicate",
@@ -235,3 +236,37 @@ def near_duplicate_pairs(
         hits.append(counts >= rule.min_frames)
     hit = np.concatenate(hits) if hits else np.zeros(0, dtype=np.bool_)
     return qi_all[hit], ri_all[hit]
+
+
+def band_keys(
+    frames: NDArray[np.uint64], lengths: NDArray[np.int64], rule: NearDupRule
+) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
+    """The (position, band, band value) keys :func:`near_duplicate_pairs` searches by,
+    for an index kept outside memory (:mod:`catalog.key_index`).
+
+    Two rows share a key exactly when the search would make them a candidate pair:
+    the same position ``0 .. window - min_frames``, both frames informative, equal
+    bits in one band.
+
+    Returns:
+        ``(row, slot, value)``: ``slot = position * (max_distance + 1) + band`` and the
+        band's bits as a signed 64-bit int (a 64-bit band wraps; equality holds).
+    """
+    w, bands = rule.window, rule.bands()
+    inf = _informative(frames[:, :w]) if len(frames) else np.zeros((0, w), dtype=np.bool_)
+    rows_out, slots, values = [], [], []
+    for pos in range(w - rule.min_frames + 1):
+        rows = np.flatnonzero((lengths > pos) & inf[:, pos])
+        for b, (lo, hi) in enumerate(bands):
+            mask = np.uint64((1 << (hi - lo)) - 1)
+            rows_out.append(rows)
+            slots.append(np.full(len(rows), pos * len(bands) + b, dtype=np.int64))
+            values.append(((frames[rows, pos] >> np.uint64(lo)) & mask).view(np.int64))
+    if not rows_out:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    return (
+        np.concatenate(rows_out).astype(np.int64),
+        np.concatenate(slots),
+        np.concatenate(values),
+    )

@@ -19,7 +19,7 @@ import pytest
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
 from catalog.errors import InvalidInput, StorageError
-from manifests.format import LINEAGE_NAME
+from manifests.format import LINEAGE_NAME, QUALITY_NAME
 from materializer.cut import build_artifacts
 from materializer.executors import LocalExecutor, RayExecutor, open_executor, parse_executor
 from materializer.partition import bucket_bounds, bucket_of
@@ -28,7 +28,7 @@ from materializer.select import Execution
 from service.demo.corpus import generate_corpus
 from tests.fixtures.recipes import small_corpus_demo
 
-DATA_ARTIFACTS = ("manifest.parquet", "plan.arrow", "index.arrow", LINEAGE_NAME)
+DATA_ARTIFACTS = ("manifest.parquet", "plan.arrow", "index.arrow", LINEAGE_NAME, QUALITY_NAME)
 
 
 @pytest.fixture(scope="module")

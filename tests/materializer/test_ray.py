@@ -12,7 +12,7 @@ import pytest
 
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
-from manifests.format import LINEAGE_NAME
+from manifests.format import LINEAGE_NAME, QUALITY_NAME
 from materializer.cut import build_artifacts
 from materializer.executors import open_executor
 from materializer.recipe import load_recipe
@@ -20,7 +20,7 @@ from materializer.select import Execution
 from service.demo.corpus import generate_corpus
 from tests.fixtures.recipes import small_corpus_demo
 
-DATA_ARTIFACTS = ("manifest.parquet", "plan.arrow", "index.arrow", LINEAGE_NAME)
+DATA_ARTIFACTS = ("manifest.parquet", "plan.arrow", "index.arrow", LINEAGE_NAME, QUALITY_NAME)
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]  # Ray's start is ~5-10 s here
 

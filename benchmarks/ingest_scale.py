@@ -1,0 +1,203 @@
+"""Ingest at scale: rows/s and memory of a new ingest process as the catalog grows.
+
+One embedded catalog (SQLite + local warehouse in a temp dir) is grown to each size
+in ``--sizes`` (clips already in the catalog; ``--quick``: 50k, 200k, 800k; default 1M,
+4M, 16M). At zero and at each size a fresh process opens the catalog and ingests
+``--batches`` batches of ``--batch`` new clips (every rule on: asset references, the
+duplicate check, clip ids re-derived), as a curation worker joining a running fleet
+would; it reports its rows/s (of its median batch), its peak RSS, and two ways of
+answering one batch's duplicate check: the key index (:mod:`catalog.key_index`) and a
+pyiceberg scan pruned by an ``In`` row filter over files sorted by ``clip_id``
+(compacted first).
+Prints one JSON line::
+
+    {"sizes", "batch", "batches", "runs": [{"existing", "rows_per_s", "rss_mb",
+     "index_lookup_s", "pruned_scan_s"}, ...], "rss_growth", "rate_ratio"}
+
+``rss_growth`` = peak RSS at the largest catalog / at the smallest (goal: flat, ≤ 1.2);
+``rate_ratio`` = rows/s at the largest catalog / with no clips (goal ≥ 0.7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
+from catalog.rules import clip_ids
+
+CLIPS_PER_ASSET = 20
+ASSET_BATCH = 50_000
+FILL_BATCH = 100_000
+
+
+def _asset_id(i: int) -> str:
+    return hashlib.sha256(f"bench-asset-{i}".encode()).hexdigest()
+
+
+def _assets(lo: int, hi: int) -> pa.Table:
+    ids = [_asset_id(i) for i in range(lo, hi)]
+    n = len(ids)
+    return pa.table(
+        {
+            "asset_id": ids,
+            "uri": [f"s3://raw/{i}.mp4" for i in range(lo, hi)],
+            "size": pa.array(np.full(n, 1000), pa.int64()),
+            "source_tier": ["crawl"] * n,
+            "split": ["train"] * n,
+        }
+    )
+
+
+def _clips(first: int, n: int, shift: float = 0.0) -> pa.Table:
+    """Clips ``first .. first + n``: clip ``c`` is clip ``c % 20`` of asset ``c // 20``,
+    starting ``shift`` seconds later than the catalog's own (new clips of old assets)."""
+    c = np.arange(first, first + n)
+    assets = pa.array([_asset_id(int(a)) for a in c // CLIPS_PER_ASSET])
+    start = (c % CLIPS_PER_ASSET).astype(np.float64) * 2.0 + shift
+    version = pa.array(["scenes-v1"] * n)
+    return pa.table(
+        {
+            "clip_id": clip_ids(assets, start, start + 1.5, version),
+            "asset_id": assets,
+            "t_start_s": start,
+            "t_end_s": start + 1.5,
+            "split_version": version,
+            "num_frames": pa.array(np.full(n, 36), pa.int32()),
+            "width": pa.array(np.full(n, 1280), pa.int32()),
+            "height": pa.array(np.full(n, 720), pa.int32()),
+            "fps": np.full(n, 24.0),
+        }
+    )
+
+
+def _grow(config: CatalogConfig, have: int, want: int, assets: int, floor: int = 0) -> int:
+    """Clips ``have .. want`` and their assets (at least ``floor``), given ``assets``
+    present; returns the assets now present."""
+    with VidlakeCatalog.open(config) as cat:
+        need = max(-(-want // CLIPS_PER_ASSET), floor)
+        for lo in range(assets, need, ASSET_BATCH):
+            cat.add_assets(_assets(lo, min(lo + ASSET_BATCH, need)))
+        for lo in range(have, want, FILL_BATCH):
+            cat.add_clips(_clips(lo, min(FILL_BATCH, want - lo)))
+    return max(assets, need)
+
+
+def _child(config_json: str, shift: float, batch: int, batches: int) -> dict[str, Any]:
+    """One fresh ingest process: ``batches`` batches of new clips (``shift``)."""
+    from catalog.maintenance.compact import compact_table
+    from catalog.reads import one_of
+
+    config = CatalogConfig.model_validate_json(config_json)
+    new = [_clips(k * batch, batch, shift) for k in range(batches)]
+    with VidlakeCatalog.open(config) as cat:
+        took = []
+        for rows in new:
+            t0 = time.perf_counter()
+            assert cat.add_clips(rows).inserted == batch
+            took.append(time.perf_counter() - t0)
+        rate = batch / float(np.median(took))  # the median batch: a shared box's noise
+        rss = _peak_rss_mb()
+        probe = _clips(batches * batch, batch, shift)["clip_id"]
+        keys = cat._keys
+        t0 = time.perf_counter()
+        keys.has("clips", probe)
+        index_s = time.perf_counter() - t0
+        tbl = cat.iceberg_table("clips")
+        compact_table(tbl, sort_by=("clip_id",), target_bytes=64 << 20)
+        tbl = cat.iceberg_table("clips")
+        t0 = time.perf_counter()
+        tbl.scan(
+            row_filter=one_of("clip_id", probe.to_pylist()), selected_fields=("clip_id",)
+        ).to_arrow()
+        scan_s = time.perf_counter() - t0
+    return {
+        "rows_per_s": round(rate),
+        "rss_mb": round(rss, 1),
+        "index_lookup_s": round(index_s, 4),
+        "pruned_scan_s": round(scan_s, 4),
+    }
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak RSS (``VmHWM``: unlike ``ru_maxrss``, which Linux carries
+    across ``exec``, it starts afresh in the child, not at the parent's size)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _measure(config: CatalogConfig, existing: int, batch: int, batches: int) -> dict[str, Any]:
+    shift = 1000.0 * (1 + existing)  # each run's clips are new
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--child",
+            config.model_dump_json(),
+            str(shift),
+            "--batch",
+            str(batch),
+            "--batches",
+            str(batches),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return {"existing": existing, **json.loads(out.stdout.strip().splitlines()[-1])}
+
+
+def run(root: Path, sizes: list[int], batch: int, batches: int) -> dict[str, Any]:
+    config = CatalogConfig.embedded(root, eval_fraction=0.0)
+    VidlakeCatalog.open(config).close()
+    floor = -(-(batches + 1) * batch // CLIPS_PER_ASSET)  # the assets new clips need
+    assets = _grow(config, 0, 0, 0, floor)
+    runs, have = [_measure(config, 0, batch, batches)], 0
+    for size in sizes:
+        assets = _grow(config, have, size, assets)
+        have = size
+        runs.append(_measure(config, size, batch, batches))
+    return {
+        "sizes": sizes,
+        "batch": batch,
+        "batches": batches,
+        "runs": runs,
+        "rss_growth": round(runs[-1]["rss_mb"] / runs[1]["rss_mb"], 3),
+        "rate_ratio": round(runs[-1]["rows_per_s"] / runs[0]["rows_per_s"], 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="50k, 200k, 800k clips")
+    parser.add_argument("--sizes", default="1000000,4000000,16000000")
+    parser.add_argument("--batch", type=int, default=10_000, help="rows per measured batch")
+    parser.add_argument("--batches", type=int, default=5, help="measured batches per size")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(_child(args.child[0], float(args.child[1]), args.batch, args.batches)))
+        return
+    sizes = [50_000, 200_000, 800_000] if args.quick else [int(s) for s in args.sizes.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        print(json.dumps(run(Path(tmp), sizes, args.batch, args.batches)))
+
+
+if __name__ == "__main__":
+    main()

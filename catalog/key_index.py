@@ -1,0 +1,438 @@
+"""The on-disk key index: ingest's duplicate, reference and near-duplicate checks
+without a whole table's keys in RAM.
+
+One SQLite file per catalog (WAL mode, a bounded page cache) holds, per *view*, the
+keys of one Iceberg table at one snapshot (:mod:`catalog.key_index_rows` says what):
+``assets``, ``clips``, ``latents`` and ``near_dup_events`` (the ``near_duplicate``
+rows of ``asset_events``). Its ``meta`` row records the table's uuid and the snapshot
+the view holds, written in the same transaction as the keys, so a crash mid-write
+leaves the previous, consistent state.
+
+It is a cache of committed state, never ahead of Iceberg: :meth:`KeyStore.sync`
+brings a view to the table's current snapshot by scanning only the files appended
+since (compactions, ``replace`` snapshots, change no keys and are skipped), or
+rebuilds it from a streamed scan when anything else happened (an erasure rewrite), the
+table was recreated, the near-duplicate rule changed, or the file is missing. After its
+own commit a writer adds the rows it wrote (:meth:`KeyStore.advance`), only when the
+view was at the commit's parent; a writer killed between its commit and that write
+leaves the view behind, and the next sync reads the missing append. Several processes
+share the file: syncs are serialised by SQLite's write lock and re-check ``meta``
+inside it. A plan made against a view newer than the table it commits to loses its
+commit race and is re-planned (:mod:`catalog.commit`), so answers stay exact.
+
+Near-duplicates: the ``bands`` table is the exact pigeonhole index of
+:func:`catalog.rules.near_duplicate_pairs` on disk; candidates are verified against
+the stored frames, and groups are read by walking ``edges`` from the matched assets,
+so memory follows the batch and its groups, not the catalog.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from numpy.typing import NDArray
+from pyiceberg.expressions import AlwaysTrue, BooleanExpression, EqualTo
+from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation
+
+from catalog import rules
+from catalog.backends import BACKEND_ERRORS
+from catalog.config import CatalogConfig
+from catalog.errors import StorageError
+from catalog.key_index_rows import CLEAR, SCHEMA, Writes, digests, rows_for
+from catalog.keycache import snapshot_id
+
+__all__ = ["VIEWS", "KeyStore", "Matches", "View", "index_path"]
+
+#: Keys per ``IN (...)`` list (below SQLite's 32766 bound on parameters).
+_CHUNK = 8192
+#: SQLite page cache per connection, KiB (negative: the PRAGMA's unit).
+_CACHE_KIB = 32 * 1024
+#: WAL pages (1 KiB) between automatic checkpoints.
+_CHECKPOINT_PAGES = 65536
+#: How long a writer waits for another process's sync (a rebuild can take minutes).
+_BUSY_S = 600.0
+
+
+def _eq(column: str, value: Any) -> BooleanExpression:
+    """A pyiceberg predicate (its pydantic signature defeats mypy's reading)."""
+    kind: type[Any] = EqualTo
+    expr: BooleanExpression = kind(column, value)
+    return expr
+
+
+@dataclass(frozen=True)
+class View:
+    """A table's keys as the index keeps them: the columns read and the rows kept."""
+
+    table: str
+    columns: tuple[str, ...]
+    row_filter: BooleanExpression
+
+
+VIEWS: dict[str, View] = {
+    "assets": View(
+        "assets",
+        ("asset_id", "split", "probe_bitrate", "duplicate_of", "near_duplicates", "fingerprint"),
+        AlwaysTrue(),
+    ),
+    "clips": View("clips", ("clip_id",), AlwaysTrue()),
+    "latents": View(
+        "latents", ("clip_id", "rung", "tokenizer_version", "member_sha256"), AlwaysTrue()
+    ),
+    "near_dup_events": View(
+        "asset_events",
+        ("asset_id", "related_asset_id", "event"),
+        _eq("event", "near_duplicate"),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Matches:
+    """A batch's near-duplicate matches with existing assets and their groups.
+
+    Attributes:
+        ids: Asset ids of every existing asset in a group a match touched, sorted
+            (local node ``k`` is ``ids[k]``).
+        bitrate: Their bitrates (NaN: unknown).
+        query, node: Matches: batch row ``query[k]`` matched local node ``node[k]``.
+        edges: Recorded links among the nodes, as local node pairs.
+    """
+
+    ids: NDArray[np.str_]
+    bitrate: NDArray[np.float64]
+    query: NDArray[np.int64]
+    node: NDArray[np.int64]
+    edges: tuple[NDArray[np.int64], NDArray[np.int64]]
+
+
+class KeyStore:
+    """The key index file of one catalog.
+
+    Args:
+        path: The SQLite file (created, with its directory, on first use).
+        load: Loads a table by name (fresh metadata).
+        rule: The near-duplicate rule (a change rebuilds the ``assets`` view).
+    """
+
+    def __init__(self, path: Path, load: Callable[[str], Table], rule: rules.NearDupRule) -> None:
+        self.path = path
+        self._load = load
+        self._rule = rule
+        self._rule_key = f"{rule.max_distance}/{rule.min_frames}/{rule.window}"
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._pid = 0
+
+    # -- connection ---------------------------------------------------------------
+    def _db(self) -> sqlite3.Connection:
+        """This process's connection (a forked child opens its own)."""
+        if self._conn is None or self._pid != os.getpid():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                self.path, timeout=_BUSY_S, isolation_level=None, check_same_thread=False
+            )
+            # 1 KiB pages: a batch's random keys dirty one leaf each, so small pages
+            # write ~2x less per batch than 4 KiB (docs/decisions/018-ingestscale-*).
+            conn.execute("PRAGMA page_size = 1024")  # takes effect on a new file only
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")  # a lost last txn is re-synced
+            # A batch's random keys dirty thousands of pages: checkpoint (and fsync) the
+            # WAL into the file every ~64 MiB, not after every batch.
+            conn.execute(f"PRAGMA wal_autocheckpoint = {_CHECKPOINT_PAGES}")
+            conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
+            conn.execute("PRAGMA temp_store = MEMORY")
+            conn.executescript(SCHEMA)
+            self._conn, self._pid = conn, os.getpid()
+        return self._conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (SQLite's write lock held: other writers wait)."""
+        conn = self._db()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close this process's connection (the next use reopens it)."""
+        with self._lock:
+            if self._conn is not None and self._pid == os.getpid():
+                self._conn.close()
+            self._conn = None
+
+    # -- keeping views current ----------------------------------------------------
+    def sync(self, view: str, tbl: Table | None = None) -> None:
+        """Bring ``view`` to its table's current snapshot (``tbl``'s, when given, or a
+        newer one when the index already holds one).
+
+        Raises:
+            StorageError: reading the table failed.
+        """
+        spec = VIEWS[view]
+        target = tbl if tbl is not None else self._load(spec.table)
+        with self._lock:
+            try:
+                if self._meta(self._db(), view) != self._wanted(target):
+                    with self._write() as conn:
+                        self._sync_locked(conn, view, spec, target)
+            except BACKEND_ERRORS as exc:
+                raise StorageError(f"reading {spec.table} failed: {exc}", table=spec.table) from exc
+
+    def _wanted(self, tbl: Table) -> tuple[str, int | None, str]:
+        return str(tbl.metadata.table_uuid), snapshot_id(tbl), self._rule_key
+
+    def _meta(self, conn: sqlite3.Connection, view: str) -> tuple[str, int | None, str] | None:
+        row = conn.execute(
+            "SELECT table_uuid, snapshot_id, rule FROM meta WHERE view = ?", (view,)
+        ).fetchone()
+        return None if row is None else (str(row[0]), row[1], str(row[2]))
+
+    def _sync_locked(self, conn: sqlite3.Connection, view: str, spec: View, tbl: Table) -> None:
+        meta = self._meta(conn, view)
+        held = None if meta is None else meta[1]
+        if held is not None and tbl.metadata.snapshot_by_id(held) is None:
+            tbl = self._load(spec.table)  # the index holds a newer snapshot than ``tbl``
+        wanted = self._wanted(tbl)
+        if meta == wanted:
+            return
+        runs = None
+        if meta is not None and meta[0] == wanted[0] and meta[2] == wanted[2]:
+            runs = _append_runs(tbl, meta[1], wanted[1])
+        if runs is None:
+            for statement in CLEAR[view]:
+                conn.execute(statement)
+            if wanted[1] is not None:
+                scan = tbl.scan(
+                    row_filter=spec.row_filter, selected_fields=spec.columns, snapshot_id=wanted[1]
+                )
+                for batch in scan.to_arrow_batch_reader():
+                    _run(conn, rows_for(view, pa.Table.from_batches([batch]), self._rule))
+        else:
+            for since, until in runs:
+                added = tbl.incremental_append_scan(
+                    from_snapshot_id_exclusive=since,
+                    to_snapshot_id_inclusive=until,
+                    row_filter=spec.row_filter,
+                    selected_fields=spec.columns,
+                ).to_arrow()
+                _run(conn, rows_for(view, added, self._rule))
+        _set_meta(conn, view, wanted)
+
+    def advance(
+        self, table: str, base: int | None, parent: int | None, new: int, rows: pa.Table
+    ) -> None:
+        """After our own commit ``new`` of ``rows`` onto ``base``: add them to the
+        views of ``table`` that are at ``base`` (others catch up at their next sync)."""
+        with self._lock:
+            for view, spec in VIEWS.items():
+                if spec.table != table or base != parent:
+                    continue
+                with self._write() as conn:
+                    meta = self._meta(conn, view)
+                    if meta is None or meta[1] != base or meta[2] != self._rule_key:
+                        continue
+                    _run(conn, rows_for(view, rows.select(list(spec.columns)), self._rule))
+                    _set_meta(conn, view, (meta[0], new, meta[2]))
+
+    # -- lookups (after sync) -----------------------------------------------------
+    def has(self, view: str, keys: pa.Array | pa.ChunkedArray) -> NDArray[np.bool_]:
+        """Whether each key is in ``view`` (``clips``: clip ids; ``latents``: latent
+        keys; ``assets``: asset ids); a null key is absent."""
+        wanted = _digests_or_none(keys)
+        found = self._by_digest(f"SELECT k FROM {view}", wanted)
+        return np.array([d in found for d in wanted], dtype=np.bool_)
+
+    def splits(self, asset_ids: pa.Array | pa.ChunkedArray) -> list[str | None]:
+        """Each asset's split (None: unknown asset, or a null id)."""
+        wanted = _digests_or_none(asset_ids)
+        found = self._by_digest("SELECT k, split FROM assets", wanted)
+        return [None if d is None else found.get(d) for d in wanted]
+
+    def _by_digest(self, select: str, keys: list[bytes | None]) -> dict[bytes, Any]:
+        """Rows of ``select`` whose ``k`` is one of the digests ``keys`` (k → second
+        column, or k → k)."""
+        wanted = sorted({d for d in keys if d is not None})
+        out: dict[bytes, Any] = {}
+        with self._lock:
+            conn = self._db()
+            for start in range(0, len(wanted), _CHUNK):
+                part = wanted[start : start + _CHUNK]
+                marks = ",".join("?" * len(part))
+                for row in conn.execute(f"{select} WHERE k IN ({marks})", part):
+                    out[row[0]] = row[1] if len(row) > 1 else row[0]
+        return out
+
+    def near_duplicates(self, frames: NDArray[np.uint64], lengths: NDArray[np.int64]) -> Matches:
+        """Every existing asset the rule matches with a batch row (exact: band
+        candidates, then the rule on the stored frames), and the groups they are in."""
+        with self._lock:
+            conn = self._db()
+            rows, cand = self._candidates(conn, frames, lengths)
+            stored = self._assets(conn, sorted(set(cand)))
+            keep = [k for k, a in enumerate(cand) if a in stored]
+            rows, cand = rows[keep], [cand[k] for k in keep]
+            ref, ref_len = _frame_matrix([stored[a][1] for a in cand], self._rule.window)
+            counts = rules.frame_match_counts(frames[rows], lengths[rows], ref, ref_len, self._rule)
+            hit = counts >= self._rule.min_frames
+            matched = sorted({a for a, h in zip(cand, hit.tolist(), strict=True) if h})
+            ids, rates, edges = self._groups(conn, matched, stored)
+        index = {a: k for k, a in enumerate(ids)}
+        nodes = np.array([index[a] for a, h in zip(cand, hit.tolist(), strict=True) if h])
+        return Matches(
+            np.array(ids, dtype="U64"),
+            np.array(rates, dtype=np.float64),
+            rows[hit].astype(np.int64),
+            nodes.astype(np.int64),
+            _local_edges(edges, index),
+        )
+
+    def _candidates(
+        self, conn: sqlite3.Connection, frames: NDArray[np.uint64], lengths: NDArray[np.int64]
+    ) -> tuple[NDArray[np.int64], list[str]]:
+        """(batch row, asset id) pairs sharing a band key, without repeats."""
+        row, slot, value = rules.band_keys(frames, lengths, self._rule)
+        conn.execute("CREATE TEMP TABLE IF NOT EXISTS q (r INTEGER, slot INTEGER, v INTEGER)")
+        conn.execute("DELETE FROM q")
+        conn.executemany(
+            "INSERT INTO q VALUES (?, ?, ?)",
+            zip(row.tolist(), slot.tolist(), value.tolist(), strict=True),
+        )
+        found = conn.execute(
+            "SELECT DISTINCT q.r, a.asset_id FROM q"
+            " JOIN bands b ON b.slot = q.slot AND b.v = q.v JOIN assets a ON a.k = b.k"
+        ).fetchall()
+        conn.execute("DELETE FROM q")
+        return np.array([r for r, _ in found], dtype=np.int64), [a for _, a in found]
+
+    def _assets(self, conn: sqlite3.Connection, ids: list[str]) -> dict[str, tuple[float, bytes]]:
+        """Bitrate and stored frames of each known asset among ``ids``."""
+        digest = dict(zip(digests(pa.array(ids, pa.large_string())), ids, strict=True))
+        out: dict[str, tuple[float, bytes]] = {}
+        keys = sorted(digest)
+        for start in range(0, len(keys), _CHUNK):
+            part = keys[start : start + _CHUNK]
+            marks = ",".join("?" * len(part))
+            query = f"SELECT k, bitrate, frames FROM assets WHERE k IN ({marks})"
+            for k, rate, frames in conn.execute(query, part):
+                out[digest[k]] = (np.nan if rate is None else float(rate), frames or b"")
+        return out
+
+    def _groups(
+        self,
+        conn: sqlite3.Connection,
+        matched: list[str],
+        stored: dict[str, tuple[float, bytes]],
+    ) -> tuple[list[str], list[float], list[tuple[str, str]]]:
+        """The groups of ``matched``: members (sorted), their bitrates, their links.
+        A walk along ``edges`` through known assets only (links to unknown assets
+        are dropped, as :func:`catalog.rules.link_edges` drops them)."""
+        known = {a: stored[a][0] for a in matched}
+        frontier, edges = list(matched), set[tuple[str, str]]()
+        while frontier:
+            linked: list[tuple[str, str]] = []
+            for start in range(0, len(frontier), _CHUNK):
+                part = frontier[start : start + _CHUNK]
+                marks = ",".join("?" * len(part))
+                linked += conn.execute(f"SELECT a, b FROM edges WHERE a IN ({marks})", part)
+            unseen = sorted({b for _, b in linked} - known.keys())
+            more = self._assets(conn, unseen)
+            known.update({a: v[0] for a, v in more.items()})
+            edges.update((a, b) for a, b in linked if b in known)
+            frontier = sorted(more)
+        ids = sorted(known)
+        return ids, [known[a] for a in ids], sorted(edges)
+
+
+def index_path(config: CatalogConfig) -> Path:
+    """Where ``config``'s key index lives: ``config.key_index``; else beside a SQLite
+    catalog's file; else, named by the catalog, in a ``key-index`` directory beside a
+    local warehouse or under ``~/.cache/vidlake/`` (each host keeps its own copy: the
+    index is a cache of committed keys)."""
+    if config.key_index is not None:
+        return Path(config.key_index)
+    prefix = "sqlite:///"
+    db = config.uri.removeprefix(prefix).split("?", 1)[0]
+    if config.uri.startswith(prefix) and db and db != ":memory:" and not db.startswith("file:"):
+        return Path(db).parent / f"key-index.{config.namespace}.sqlite"
+    name = hashlib.sha256(f"{config.uri}\x1f{config.namespace}".encode()).hexdigest()[:16]
+    if "://" not in config.warehouse:
+        return Path(config.warehouse).absolute().parent / "key-index" / f"{name}.sqlite"
+    return Path.home() / ".cache" / "vidlake" / "key-index" / f"{name}.sqlite"
+
+
+def _digests_or_none(keys: pa.Array | pa.ChunkedArray) -> list[bytes | None]:
+    """Key digests, None at null keys."""
+    if keys.null_count == 0:
+        return list(digests(keys))
+    return [None if k is None else digests(pa.array([k]))[0] for k in keys.to_pylist()]
+
+
+def _frame_matrix(packed: list[bytes], window: int) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
+    """Stored frames (big-endian) back to a padded frame matrix."""
+    return rules.fingerprint_matrix(pa.array(packed, pa.large_binary()), window)
+
+
+def _local_edges(
+    edges: list[tuple[str, str]], index: dict[str, int]
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    u = np.array([index[a] for a, _ in edges], dtype=np.int64)
+    v = np.array([index[b] for _, b in edges], dtype=np.int64)
+    return u, v
+
+
+def _run(conn: sqlite3.Connection, writes: Writes) -> None:
+    for statement, rows in writes:
+        conn.executemany(statement, rows)
+
+
+def _set_meta(conn: sqlite3.Connection, view: str, meta: tuple[str, int | None, str]) -> None:
+    conn.execute(
+        "INSERT OR REPLACE INTO meta (view, table_uuid, snapshot_id, rule) VALUES (?, ?, ?, ?)",
+        (view, *meta),
+    )
+
+
+def _append_runs(
+    tbl: Table, since: int | None, until: int | None
+) -> list[tuple[int | None, int]] | None:
+    """The appends from ``since`` (exclusive) to ``until``, as ``(from exclusive,
+    to inclusive)`` runs of consecutive appends; ``replace`` snapshots (compaction:
+    the same rows in other files) are skipped. None when ``since`` is not an ancestor
+    of ``until`` or anything else happened between them."""
+    if until is None:
+        return [] if since is None else None
+    chain: list[tuple[int, Operation | None, int | None]] = []
+    snap = tbl.metadata.snapshot_by_id(until)
+    while snap is not None and snap.snapshot_id != since:
+        op = snap.summary.operation if snap.summary is not None else None
+        chain.append((snap.snapshot_id, op, snap.parent_snapshot_id))
+        parent = snap.parent_snapshot_id
+        snap = tbl.metadata.snapshot_by_id(parent) if parent is not None else None
+    if snap is None and since is not None:
+        return None
+    runs: list[tuple[int | None, int]] = []
+    for sid, op, parent in reversed(chain):
+        if op == Operation.APPEND:
+            if runs and runs[-1][1] == parent:
+                runs[-1] = (runs[-1][0], sid)
+            else:
+                runs.append((parent, sid))
+        elif op != Operation.REPLACE:
+            return None
+    return runs
