@@ -187,6 +187,11 @@ class VidlakeCatalog:
     def _load(self, name: str) -> Table:
         return load_table(self.iceberg, self.config.namespace, name)
 
+    def purge_key_index(self) -> None:
+        """Empty this host's key index (an erasure's last trace in it); the next
+        ingest rebuilds it from the tables (:meth:`catalog.key_index.KeyStore.purge`)."""
+        self._keys.purge()
+
     def close(self) -> None:
         """Release the backend's connections (and the key index's)."""
         self._keys.close()

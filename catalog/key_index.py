@@ -153,6 +153,9 @@ class KeyStore:
             conn.execute(f"PRAGMA wal_autocheckpoint = {_CHECKPOINT_PAGES}")
             conn.execute(f"PRAGMA cache_size = -{_CACHE_KIB}")
             conn.execute("PRAGMA temp_store = MEMORY")
+            # Deleted rows are zeroed on disk, not left in free pages: an erased
+            # asset's id and fingerprint must not survive in this file (purge).
+            conn.execute("PRAGMA secure_delete = ON")
             conn.executescript(SCHEMA)
             self._conn, self._pid = conn, os.getpid()
         return self._conn
@@ -175,6 +178,19 @@ class KeyStore:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None
+
+    def purge(self) -> None:
+        """Empty every view (deleted content zeroed), and truncate the WAL, so that no
+        key of an erased asset is left in this file; the next use rebuilds from the
+        tables. (Index files of other hosts are rebuilt at their next sync: an
+        erasure's rewrite is not an append.)"""
+        with self._lock:
+            with self._write() as conn:
+                for statements in CLEAR.values():
+                    for statement in statements:
+                        conn.execute(statement)
+                conn.execute("DELETE FROM meta")
+            self._db().execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     # -- keeping views current ----------------------------------------------------
     def sync(self, view: str, tbl: Table | None = None) -> None:

@@ -114,6 +114,9 @@ def erase_asset(
         report(f"iceberg:{name}", 0.2 + 0.4 * i / len(ERASE_ORDER))
         spec = _table_spec(name, asset_id, plan["clip_ids"], packs["packs"])
         tables[name] = erase_rows(functools.partial(catalog.iceberg_table, name), spec, store, eid)
+    # The key index holds the erased ids and fingerprint: emptied here (zeroed on
+    # disk), rebuilt by the next ingest; other hosts' files rebuild at their next sync.
+    catalog.purge_key_index()
     expired = {name: t["snapshots_expired"] for name, t in tables.items()}
     expired.update(_expiring_embedding_versions(catalog, asset_id, eid))
     report("versions", 0.6)

@@ -137,7 +137,7 @@ def lake_hits(lake: Lake) -> dict[str, list[str]]:
     return hits
 
 
-NO_HITS = {"caption": [], "latent": [], "vector": []}
+NO_HITS = {"caption": [], "latent": [], "vector": [], "asset_key": [], "clip_key": []}
 
 
 @pytest.fixture(scope="module", params=["local", pytest.param("s3", marks=pytest.mark.s3)])
@@ -168,6 +168,9 @@ def _markers(lake: Lake) -> dict[str, bytes]:
         "caption": CAPTION_MARKER.encode(),
         "latent": lake.latent_marker,
         "vector": lake.vector_marker,
+        # The key index stores hex ids as their bytes: the erased asset's and clip's.
+        "asset_key": bytes.fromhex(lake.asset),
+        "clip_key": bytes.fromhex(lake.clips[0]),
     }
 
 
@@ -176,6 +179,7 @@ def test_markers_are_everywhere_before_the_erase(lake: Lake) -> None:
     assert any("objects" in h for h in hits["caption"])  # the registered index holds it
     assert any("warehouse" in h for h in hits["caption"])
     assert hits["latent"] and hits["vector"], hits
+    assert hits["asset_key"] and hits["clip_key"], hits  # in the key index file
 
 
 def test_erase_leaves_no_marker_and_keeps_everything_else(lake: Lake) -> None:
