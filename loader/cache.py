@@ -49,13 +49,14 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from catalog.errors import CacheError, CacheFull, ChecksumMismatch, InvalidInput
 from catalog.hashing import require_sha256, sha256_file
 from loader.cache_schema import EVICTABLE, LEASED_BYTES, SCHEMA, SCHEMA_VERSION, STATS
+from loader.leases import LeaseSet
 from loader.owners import Proc, boot_id, current_process, is_alive
 
 __all__ = ["DEFAULT_RESERVE_BYTES", "DiskFree", "Fetch", "NodeCache", "disk_free"]
@@ -113,7 +114,49 @@ def _fingerprint(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+class _Verified:
+    """The files one process has hashed under one cache root, as stat fingerprints.
+
+    One per (process, root), shared by every :class:`NodeCache` opened on that root, so
+    a new iterator (or a second cache object) does not hash again what another already
+    verified. A forked child inherits its parent's (the files are the same files)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fps: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+
+    def get(self, key: str) -> tuple[int, ...] | None:
+        return self._fps.get(key)
+
+    def put(self, key: str, fp: tuple[int, ...]) -> None:
+        with self._lock:
+            self._fps[key] = fp
+            self._fps.move_to_end(key)
+            while len(self._fps) > _FINGERPRINTS_MAX:
+                self._fps.popitem(last=False)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._fps.pop(key, None)
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it at fork()
+
+
+_VERIFIED: dict[Path, _Verified] = {}
+_VERIFIED_LOCK = threading.Lock()
+
+
+def _verified_for(root: Path) -> _Verified:
+    with _VERIFIED_LOCK:
+        return _VERIFIED.setdefault(root, _Verified())
+
+
 def _after_fork_in_child() -> None:
+    global _VERIFIED_LOCK
+    _VERIFIED_LOCK = threading.Lock()
+    for verified in _VERIFIED.values():
+        verified.after_fork()
     for cache in list(_INSTANCES):
         cache._forget_process_state()
 
@@ -196,14 +239,15 @@ class NodeCache:
         _INSTANCES.add(self)
 
     def _forget_process_state(self) -> None:
-        """Drop what belongs to one process: connections, locks, verified files."""
+        """Drop what belongs to one process: connections and locks (the verified files
+        are the process's, per root, and a forked child keeps its parent's)."""
         for conn in getattr(self, "_conns", []):
             _INHERITED.append(conn)
         self._conns: list[sqlite3.Connection] = []
         self._local = threading.local()
         self._lock = threading.Lock()
         self._open_lock = threading.Lock()
-        self._verified: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._verified = _verified_for(self.root)
         self._opened_pid: int | None = None
         self._proc = Proc(0, 0, 0)
 
@@ -282,6 +326,37 @@ class NodeCache:
             yield path
         finally:
             self._release(lease_id)
+
+    def leases(self, wanted: Iterable[tuple[str, int]] = ()) -> LeaseSet:
+        """Leases for a batch: the cached ones among ``wanted`` (``(sha256, size)``
+        pairs) in one write transaction, all returned in one more when the set closes.
+
+        Use as ``with cache.leases(items) as held: path = held.path(sha, size, fetch)``
+        (:class:`loader.leases.LeaseSet`); ``path`` behaves as :meth:`lease` does.
+        """
+        self._ensure_open()
+        return LeaseSet(self, wanted)
+
+    def _claim_hits(self, wanted: list[tuple[str, int]]) -> dict[str, tuple[int, str]]:
+        """Lease every ready entry of ``wanted`` whose size matches, in one transaction.
+        Returns key -> (lease id, generation); the rest take the per-object path."""
+        self._ensure_open()
+        now = time.time_ns()
+        held: dict[str, tuple[int, str]] = {}
+        with self._tx() as db:
+            for key, size in wanted:
+                if key in held:
+                    continue
+                row = db.execute(
+                    "UPDATE entries SET last_access = ? WHERE sha256 = ? AND state = 'ready'"
+                    " AND size = ? RETURNING gen",
+                    (now, key, size),
+                ).fetchone()
+                if row is not None:
+                    held[key] = (self._insert_lease(db, key, now), row[0])
+            if held:
+                _bump(db, hits=len(held))
+        return held
 
     def _acquire(
         self, key: str, size: int, fetch: Fetch, timeout: float | None
@@ -558,6 +633,20 @@ class NodeCache:
             # Never mask the caller's own exception; a dead owner's lease is reclaimed.
             log.warning("could not release lease %d: %s", lease_id, exc)
 
+    def _release_many(self, lease_ids: list[int]) -> None:
+        """Delete many lease rows in one transaction (never raises, as _release)."""
+        if not lease_ids:
+            return
+        rows = [(i,) for i in lease_ids]
+        try:
+            if self._closed:
+                with contextlib.closing(self._connect()) as conn:
+                    _delete_leases(conn, rows)
+            else:
+                _delete_leases(self._conn(), rows)
+        except sqlite3.Error as exc:
+            log.warning("could not release %d leases: %s", len(rows), exc)
+
     # -- verification ------------------------------------------------------------------
     def _check(self, key: str, size: int, path: Path, *, force_hash: bool) -> bool:
         try:
@@ -587,15 +676,10 @@ class NodeCache:
             self._store_fingerprint(key, _fingerprint(os.stat(path)))
 
     def _store_fingerprint(self, key: str, fp: tuple[int, ...]) -> None:
-        with self._lock:
-            self._verified[key] = fp
-            self._verified.move_to_end(key)
-            while len(self._verified) > _FINGERPRINTS_MAX:
-                self._verified.popitem(last=False)
+        self._verified.put(key, fp)
 
     def _forget(self, key: str) -> None:
-        with self._lock:
-            self._verified.pop(key, None)
+        self._verified.forget(key)
 
     def _drop_corrupt(self, key: str, gen: str, lease_id: int, *, was_hit: bool) -> None:
         self._forget(key)
@@ -903,6 +987,17 @@ class NodeCache:
 
 def _totals(db: sqlite3.Connection) -> dict[str, int]:
     return {name: int(value) for name, value in db.execute("SELECT name, value FROM stats")}
+
+
+def _delete_leases(conn: sqlite3.Connection, rows: list[tuple[int]]) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.executemany("DELETE FROM leases WHERE id = ?", rows)
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def _bump(db: sqlite3.Connection, **deltas: int) -> None:

@@ -60,6 +60,7 @@ from loader.decode import (
     sniff_format,
     trim_frames,
 )
+from loader.leases import LeaseSet
 from loader.plan import PlanReader, StepInfo, open_plan
 from loader.source import SnapshotSource, open_source
 
@@ -94,7 +95,9 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         cache_budget_bytes: the node cache's budget; every process on the node must
             pass the same value.
         prefetch_steps: steps fetched ahead of the one being consumed (0: none).
-        prefetch_threads: threads per iterator doing fetch and decode.
+        prefetch_threads: threads per iterator doing fetch and decode (default: the
+            CPUs this process may use, at most 8; more threads than cores only
+            contend on the GIL for warm reads).
         start_step: first step (``load_state_dict`` overrides it).
         end_step: one past the last step (default: the plan's end).
         verify_hits: have the cache re-hash objects on hit (see ``loader.cache``).
@@ -120,7 +123,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         cache_dir: str | os.PathLike[str],
         cache_budget_bytes: int,
         prefetch_steps: int = 2,
-        prefetch_threads: int = 8,
+        prefetch_threads: int | None = None,
         start_step: int = 0,
         end_step: int | None = None,
         verify_hits: bool = True,
@@ -135,6 +138,8 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         super().__init__()
         if world_size < 1 or not 0 <= rank < world_size:
             raise InvalidInput(f"rank {rank} is not in 0..{world_size - 1}", rank=rank)
+        if prefetch_threads is None:
+            prefetch_threads = _default_threads()
         if prefetch_steps < 0 or prefetch_threads < 1:
             raise InvalidInput("prefetch_steps must be >= 0 and prefetch_threads >= 1")
         if start_step < 0:
@@ -344,23 +349,48 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         records = table.to_pylist()
         variants = _caption_variants(records, rows, info)
         buffer = BatchBuffer(len(records), buffers)
-        latents = [
-            executor.submit(self._load_latent, cache, rec, buffer, i)
-            for i, rec in enumerate(records)
-        ]
+        # One future per row, settled by the thread that reads the row's part of the step.
+        latents: list[Future[Any]] = [Future() for _ in records]
         embeds: list[Future[Any] | None] = []
+        embed_shas: list[str | None] = []
         for rec, v in zip(records, variants, strict=True):
             shas = rec["text_embedding_sha256"]
             want = self.text_embeddings and v is not None and v < len(shas) and shas[v]
-            embeds.append(executor.submit(self._load_embedding, cache, shas[v]) if want else None)
+            embeds.append(Future() if want else None)
+            embed_shas.append(shas[v] if want else None)
+        rows_of = _RowsOfStep(records, buffer, latents, embeds, embed_shas)
+        for part in _parts(len(records), self.prefetch_threads):
+            executor.submit(self._load_part, cache, rows_of, part)
         captions = [
             rec["captions"][v] if v is not None else None
             for rec, v in zip(records, variants, strict=True)
         ]
         return Step(info, rows, table, captions, buffer, latents, embeds, erased, known)
 
+    def _load_part(self, cache: NodeCache, step: _RowsOfStep, part: range) -> None:
+        """Read rows ``part`` of a step under one :class:`LeaseSet`: the cached objects
+        are leased in one transaction and all returned in one more (docs/cache.md)."""
+        live = [i for i in part if step.latents[i].set_running_or_notify_cancel()]
+        if not live:
+            return
+        recs = step.records
+        try:
+            with cache.leases((recs[i]["member_sha256"], recs[i]["length"]) for i in live) as held:
+                for i in live:
+                    _settle(step.latents[i], self._load_latent, held, recs[i], step.buffer, i)
+                    embed = step.embeds[i]
+                    if embed is not None and embed.set_running_or_notify_cancel():
+                        _settle(embed, self._load_embedding, held, step.embed_shas[i])
+        except BaseException as exc:  # taking or returning the set failed: every row fails
+            for i in live:
+                for f in (step.latents[i], step.embeds[i]):
+                    if f is not None and not f.done():
+                        f.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+
     def _load_latent(
-        self, cache: NodeCache, rec: dict[str, Any], buffer: BatchBuffer, i: int
+        self, held: LeaseSet, rec: dict[str, Any], buffer: BatchBuffer, i: int
     ) -> dict[str, torch.Tensor] | Corrupt | None:
         """Fetch row ``i``'s latent and decode it into its row of the batch tensors.
 
@@ -375,7 +405,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
                 ``object_sha256``, ``offset``, ``length`` attributes).
         """
         try:
-            return self._read_latent(cache, rec, buffer, i)
+            return self._read_latent(held, rec, buffer, i)
         except (IntegrityError, InvalidInput) as exc:
             err = named_error(rec, exc)
         # Recorded under either policy; only a failure of the source's own bytes counts.
@@ -387,7 +417,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         raise err
 
     def _read_latent(
-        self, cache: NodeCache, rec: dict[str, Any], buffer: BatchBuffer, i: int
+        self, held: LeaseSet, rec: dict[str, Any], buffer: BatchBuffer, i: int
     ) -> dict[str, torch.Tensor] | None:
         src = self._open_source()
         obj, off, n, member = (
@@ -404,27 +434,27 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
 
         keys = list(rec["tensor_keys"])
         frames = rec.get("num_frames")  # the bucket's: keep that many leading frames
-        with cache.lease(member, n, fetch) as path:
-            if rec["format"] == "safetensors":
-                # Header only, then each tensor's bytes straight into the batch: one copy.
-                with open(path, "rb") as f:
-                    specs = safetensors_specs(f, keys, f"safetensors latent {member}")
-                    layout = {k: (s.dtype, keep_frames(s.shape, frames)) for k, s in specs.items()}
-                    slots = buffer.slots(i, layout)
-                    if slots is not None:
-                        for k, spec in specs.items():
-                            read_frames_into(f, spec, slots[k])
-                        return None
-            tensors = decode_file(path, rec["format"], keys, sha256=member)
-            tensors = {k: trim_frames(t, frames) for k, t in tensors.items()}
-            slots = buffer.slots(i, {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()})
-            if slots is None:
-                return tensors
-            for k, t in tensors.items():
-                copy_into(slots[k], t)
-            return None
+        path = held.path(member, n, fetch)
+        if rec["format"] == "safetensors":
+            # Header only, then each tensor's bytes straight into the batch: one copy.
+            with open(path, "rb") as f:
+                specs = safetensors_specs(f, keys, f"safetensors latent {member}")
+                layout = {k: (s.dtype, keep_frames(s.shape, frames)) for k, s in specs.items()}
+                slots = buffer.slots(i, layout)
+                if slots is not None:
+                    for k, spec in specs.items():
+                        read_frames_into(f, spec, slots[k])
+                    return None
+        tensors = decode_file(path, rec["format"], keys, sha256=member)
+        tensors = {k: trim_frames(t, frames) for k, t in tensors.items()}
+        slots = buffer.slots(i, {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()})
+        if slots is None:
+            return tensors
+        for k, t in tensors.items():
+            copy_into(slots[k], t)
+        return None
 
-    def _load_embedding(self, cache: NodeCache, sha: str) -> Any:
+    def _load_embedding(self, held: LeaseSet, sha: str) -> Any:
         src = self._open_source()
         size = self._sizes.get(sha)
         if size is None:
@@ -433,11 +463,44 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         def fetch(tmp: Path) -> None:
             src.fetch_range(sha, 0, size, tmp)  # verified by the cache, as above
 
-        with cache.lease(sha, size, fetch) as path:
-            with open(path, "rb") as f:
-                fmt = sniff_format(f.read(16))
-            tensors = decode_file(path, fmt, [], sha256=sha)
+        path = held.path(sha, size, fetch)
+        with open(path, "rb") as f:
+            fmt = sniff_format(f.read(16))
+        tensors = decode_file(path, fmt, [], sha256=sha)
         return next(iter(tensors.values())) if len(tensors) == 1 else tensors
+
+
+class _RowsOfStep:
+    """A step's rows as the reading threads see them: records, buffer, futures."""
+
+    def __init__(
+        self,
+        records: list[dict[str, Any]],
+        buffer: BatchBuffer,
+        latents: list[Future[Any]],
+        embeds: list[Future[Any] | None],
+        embed_shas: list[str | None],
+    ) -> None:
+        self.records, self.buffer = records, buffer
+        self.latents, self.embeds, self.embed_shas = latents, embeds, embed_shas
+
+
+def _default_threads() -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(8, cpus or 1))
+
+
+def _parts(n: int, k: int) -> list[range]:
+    """``range(n)`` cut into at most ``k`` contiguous, nearly equal parts."""
+    k = max(1, min(k, n))
+    return [range(j * n // k, (j + 1) * n // k) for j in range(k)] if n else []
+
+
+def _settle(future: Future[Any], fn: Any, *args: Any) -> None:
+    try:
+        future.set_result(fn(*args))
+    except Exception as exc:
+        future.set_exception(exc)
 
 
 def _caption_variants(
