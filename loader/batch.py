@@ -11,8 +11,9 @@ from __future__ import annotations
 import math
 import threading
 import weakref
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -23,7 +24,16 @@ from catalog.errors import IntegrityError
 from loader.corrupt import Corrupt
 from loader.plan import StepInfo
 
-__all__ = ["RESERVED_KEYS", "BatchBuffer", "BufferPool", "Step"]
+__all__ = [
+    "RESERVED_KEYS",
+    "BatchBuffer",
+    "BufferPool",
+    "Outcome",
+    "PartResult",
+    "Pending",
+    "Step",
+    "outcome",
+]
 
 #: Keys of a batch that are not tensors from the latent (tensor keys may not use them).
 RESERVED_KEYS = frozenset(
@@ -39,6 +49,46 @@ RESERVED_KEYS = frozenset(
         "corrupt",
     }
 )
+
+
+#: What reading one row gave: (value, None) or (None, the exception it raised).
+Outcome = tuple[Any, BaseException | None]
+
+
+def outcome(fn: Callable[..., Any], *args: Any) -> Outcome:
+    """Call ``fn`` and keep its result or its exception (a row's failure is its own)."""
+    try:
+        return fn(*args), None
+    except Exception as exc:
+        return None, exc
+
+
+class Pending(Protocol):
+    """A row's result to come: a Future, or a :class:`PartResult`."""
+
+    def result(self) -> Any: ...
+
+    def cancel(self) -> bool: ...
+
+
+class PartResult:
+    """Row ``j`` of a task that reads a part of a step and returns one
+    ``(latent, embedding)`` :data:`Outcome` pair per row: one Future per part, not per
+    row (a Future costs a Condition and a lock, which shows at kilobyte samples)."""
+
+    __slots__ = ("_j", "_task", "_which")
+
+    def __init__(self, task: Future[list[tuple[Outcome, Outcome]]], j: int, which: int) -> None:
+        self._task, self._j, self._which = task, j, which
+
+    def result(self) -> Any:
+        value, exc = self._task.result()[self._j][self._which]
+        if exc is not None:
+            raise exc
+        return value
+
+    def cancel(self) -> bool:
+        return self._task.cancel()
 
 
 class BufferPool:
@@ -121,8 +171,8 @@ class Step:
         table: pa.Table,
         captions: list[str | None],
         buffer: BatchBuffer,
-        latents: list[Future[dict[str, torch.Tensor] | Corrupt | None]],
-        embeds: list[Future[Any] | None],
+        latents: Sequence[Pending],
+        embeds: Sequence[Pending | None],
         erased: int = 0,
         corrupt: int = 0,
     ) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import collections
 import os
 from collections.abc import Generator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from numpy.typing import NDArray
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput
-from loader.batch import BatchBuffer, BufferPool, Step
+from loader.batch import BatchBuffer, BufferPool, Outcome, PartResult, Step, outcome
 from loader.cache import NodeCache
 from loader.corrupt import (
     Corrupt,
@@ -349,45 +349,46 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         records = table.to_pylist()
         variants = _caption_variants(records, rows, info)
         buffer = BatchBuffer(len(records), buffers)
-        # One future per row, settled by the thread that reads the row's part of the step.
-        latents: list[Future[Any]] = [Future() for _ in records]
-        embeds: list[Future[Any] | None] = []
         embed_shas: list[str | None] = []
         for rec, v in zip(records, variants, strict=True):
             shas = rec["text_embedding_sha256"]
             want = self.text_embeddings and v is not None and v < len(shas) and shas[v]
-            embeds.append(Future() if want else None)
             embed_shas.append(shas[v] if want else None)
-        rows_of = _RowsOfStep(records, buffer, latents, embeds, embed_shas)
+        # One task per part of the step (one per thread), each row's outcome a slot of it.
+        latents: list[PartResult] = []
+        embeds: list[PartResult | None] = []
         for part in _parts(len(records), self.prefetch_threads):
-            executor.submit(self._load_part, cache, rows_of, part)
+            task = executor.submit(self._load_part, cache, records, buffer, embed_shas, part)
+            for j, i in enumerate(part):
+                latents.append(PartResult(task, j, 0))
+                embeds.append(PartResult(task, j, 1) if embed_shas[i] else None)
         captions = [
             rec["captions"][v] if v is not None else None
             for rec, v in zip(records, variants, strict=True)
         ]
         return Step(info, rows, table, captions, buffer, latents, embeds, erased, known)
 
-    def _load_part(self, cache: NodeCache, step: _RowsOfStep, part: range) -> None:
+    def _load_part(
+        self,
+        cache: NodeCache,
+        records: list[dict[str, Any]],
+        buffer: BatchBuffer,
+        embed_shas: list[str | None],
+        part: range,
+    ) -> list[tuple[Outcome, Outcome]]:
         """Read rows ``part`` of a step under one :class:`LeaseSet`: the cached objects
-        are leased in one transaction and all returned in one more (docs/cache.md)."""
-        live = [i for i in part if step.latents[i].set_running_or_notify_cancel()]
-        if not live:
-            return
-        recs = step.records
-        try:
-            with cache.leases((recs[i]["member_sha256"], recs[i]["length"]) for i in live) as held:
-                for i in live:
-                    _settle(step.latents[i], self._load_latent, held, recs[i], step.buffer, i)
-                    embed = step.embeds[i]
-                    if embed is not None and embed.set_running_or_notify_cancel():
-                        _settle(embed, self._load_embedding, held, step.embed_shas[i])
-        except BaseException as exc:  # taking or returning the set failed: every row fails
-            for i in live:
-                for f in (step.latents[i], step.embeds[i]):
-                    if f is not None and not f.done():
-                        f.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
+        are leased in one transaction and all returned in one more (docs/cache.md).
+        Returns each row's (latent, text embedding) outcome."""
+        out: list[tuple[Outcome, Outcome]] = []
+        with cache.leases(
+            (records[i]["member_sha256"], records[i]["length"]) for i in part
+        ) as held:
+            for i in part:
+                latent = outcome(self._load_latent, held, records[i], buffer, i)
+                sha = embed_shas[i]
+                embed = outcome(self._load_embedding, held, sha) if sha else (None, None)
+                out.append((latent, embed))
+        return out
 
     def _load_latent(
         self, held: LeaseSet, rec: dict[str, Any], buffer: BatchBuffer, i: int
@@ -470,21 +471,6 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         return next(iter(tensors.values())) if len(tensors) == 1 else tensors
 
 
-class _RowsOfStep:
-    """A step's rows as the reading threads see them: records, buffer, futures."""
-
-    def __init__(
-        self,
-        records: list[dict[str, Any]],
-        buffer: BatchBuffer,
-        latents: list[Future[Any]],
-        embeds: list[Future[Any] | None],
-        embed_shas: list[str | None],
-    ) -> None:
-        self.records, self.buffer = records, buffer
-        self.latents, self.embeds, self.embed_shas = latents, embeds, embed_shas
-
-
 def _default_threads() -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(8, cpus or 1))
@@ -494,13 +480,6 @@ def _parts(n: int, k: int) -> list[range]:
     """``range(n)`` cut into at most ``k`` contiguous, nearly equal parts."""
     k = max(1, min(k, n))
     return [range(j * n // k, (j + 1) * n // k) for j in range(k)] if n else []
-
-
-def _settle(future: Future[Any], fn: Any, *args: Any) -> None:
-    try:
-        future.set_result(fn(*args))
-    except Exception as exc:
-        future.set_exception(exc)
 
 
 def _caption_variants(
