@@ -108,7 +108,7 @@ class BufferPool:
         self._lock = threading.Lock()
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        nbytes = math.prod(shape) * dtype.itemsize
         with self._lock:
             blocks = self._free.get(nbytes)
             block = blocks.pop() if blocks else None
@@ -138,12 +138,11 @@ class BatchBuffer:
         self.pool = pool
         self.layout: dict[str, tuple[torch.dtype, tuple[int, ...]]] | None = None
         self.tensors: dict[str, torch.Tensor] = {}
+        self._flat: dict[str, memoryview] = {}
         self._lock = threading.Lock()
 
-    def slots(
-        self, i: int, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]]
-    ) -> dict[str, torch.Tensor] | None:
-        """Row ``i`` of each batch tensor, or None when ``layout`` differs from the batch's."""
+    def _fits(self, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]]) -> bool:
+        """Allocate the batch for the first row's layout; False for a row that differs."""
         with self._lock:
             if self.layout is None:
                 self.layout = layout
@@ -151,9 +150,33 @@ class BatchBuffer:
                     k: self._empty((self.rows, *shape), dtype)
                     for k, (dtype, shape) in layout.items()
                 }
+                self._flat = {
+                    k: t.reshape(-1).view(torch.uint8).numpy().data for k, t in self.tensors.items()
+                }
             elif layout != self.layout:
-                return None
+                return False
+        return True
+
+    def slots(
+        self, i: int, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]]
+    ) -> dict[str, torch.Tensor] | None:
+        """Row ``i`` of each batch tensor, or None when ``layout`` differs from the batch's."""
+        if not self._fits(layout):
+            return None
         return {k: t[i] for k, t in self.tensors.items()}
+
+    def row_bytes(
+        self, i: int, layout: dict[str, tuple[torch.dtype, tuple[int, ...]]]
+    ) -> dict[str, memoryview] | None:
+        """Row ``i`` of each batch tensor as writable bytes (slices of one view per
+        tensor, made with the batch), or None when ``layout`` differs from the batch's."""
+        if not self._fits(layout):
+            return None
+        out = {}
+        for k, flat in self._flat.items():
+            n = len(flat) // self.rows
+            out[k] = flat[i * n : (i + 1) * n]
+        return out
 
     def _empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if self.pool is None:

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import shutil
@@ -233,6 +234,7 @@ class NodeCache:
         self._budget: int | None = None
         self._db_path = self.root / "cache.db"
         self._objects = self.root / "objects"
+        self._objects_str = str(self._objects)
         self._tmp = self.root / "tmp"
         self._closed = False
         self._forget_process_state()
@@ -293,6 +295,10 @@ class NodeCache:
         key = require_sha256(key_sha256, "key_sha256")
         return self._objects / key[:2] / key
 
+    def _object_path(self, key: str) -> str:
+        """:meth:`path_of` for a key already checked, as a string (no pathlib per hit)."""
+        return f"{self._objects_str}/{key[:2]}/{key}"
+
     # -- the lease ---------------------------------------------------------------------
     @contextlib.contextmanager
     def lease(
@@ -338,24 +344,35 @@ class NodeCache:
         return LeaseSet(self, wanted)
 
     def _claim_hits(self, wanted: list[tuple[str, int]]) -> dict[str, tuple[int, str]]:
-        """Lease every ready entry of ``wanted`` whose size matches, in one transaction.
-        Returns key -> (lease id, generation); the rest take the per-object path."""
+        """Lease every ready entry of ``wanted`` whose size matches: one transaction of
+        two statements, whatever the count. Returns key -> (lease id, generation); the
+        rest take the per-object path (which raises on a size mismatch)."""
         self._ensure_open()
         now = time.time_ns()
-        held: dict[str, tuple[int, str]] = {}
+        sizes = dict(wanted)
+        keys = json.dumps(list(sizes))
         with self._tx() as db:
-            for key, size in wanted:
-                if key in held:
-                    continue
-                row = db.execute(
-                    "UPDATE entries SET last_access = ? WHERE sha256 = ? AND state = 'ready'"
-                    " AND size = ? RETURNING gen",
-                    (now, key, size),
-                ).fetchone()
-                if row is not None:
-                    held[key] = (self._insert_lease(db, key, now), row[0])
-            if held:
-                _bump(db, hits=len(held))
+            gens = {
+                key: gen
+                for key, size, gen in db.execute(
+                    "UPDATE entries SET last_access = ? WHERE state = 'ready' AND sha256 IN"
+                    " (SELECT value FROM json_each(?)) RETURNING sha256, size, gen",
+                    (now, keys),
+                )
+                if sizes[key] == size
+            }
+            if not gens:
+                return {}
+            me = self._proc
+            held = {
+                key: (lease_id, gens[key])
+                for lease_id, key in db.execute(
+                    "INSERT INTO leases (sha256, pid, pid_start, pid_ns, at)"
+                    " SELECT value, ?, ?, ?, ? FROM json_each(?) RETURNING id, sha256",
+                    (me.pid, me.start, me.ns, now, json.dumps(list(gens))),
+                )
+            }
+            _bump(db, hits=len(held))
         return held
 
     def _acquire(
@@ -648,7 +665,7 @@ class NodeCache:
             log.warning("could not release %d leases: %s", len(rows), exc)
 
     # -- verification ------------------------------------------------------------------
-    def _check(self, key: str, size: int, path: Path, *, force_hash: bool) -> bool:
+    def _check(self, key: str, size: int, path: Path | str, *, force_hash: bool) -> bool:
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -671,7 +688,7 @@ class NodeCache:
             self._store_fingerprint(key, fp)
         return True
 
-    def _remember(self, key: str, path: Path) -> None:
+    def _remember(self, key: str, path: Path | str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._store_fingerprint(key, _fingerprint(os.stat(path)))
 

@@ -55,8 +55,8 @@ from loader.decode import (
     copy_into,
     decode_file,
     keep_frames,
-    read_frames_into,
-    safetensors_specs,
+    pread_frames_into,
+    safetensors_specs_fd,
     sniff_format,
     trim_frames,
 )
@@ -438,14 +438,17 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         path = held.path(member, n, fetch)
         if rec["format"] == "safetensors":
             # Header only, then each tensor's bytes straight into the batch: one copy.
-            with open(path, "rb") as f:
-                specs = safetensors_specs(f, keys, f"safetensors latent {member}")
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                specs = safetensors_specs_fd(fd, n, keys, f"safetensors latent {member}")
                 layout = {k: (s.dtype, keep_frames(s.shape, frames)) for k, s in specs.items()}
-                slots = buffer.slots(i, layout)
-                if slots is not None:
+                dest = buffer.row_bytes(i, layout)
+                if dest is not None:
                     for k, spec in specs.items():
-                        read_frames_into(f, spec, slots[k])
+                        pread_frames_into(fd, spec, layout[k][1], dest[k])
                     return None
+            finally:
+                os.close(fd)
         tensors = decode_file(path, rec["format"], keys, sha256=member)
         tensors = {k: trim_frames(t, frames) for k, t in tensors.items()}
         slots = buffer.slots(i, {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()})

@@ -17,8 +17,8 @@ valid (not evicted) until the block ends.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from catalog.hashing import require_sha256
@@ -43,12 +43,12 @@ class LeaseSet:
         keys = [(require_sha256(k, "key_sha256"), int(n)) for k, n in wanted]
         self._held = cache._claim_hits(keys) if keys else {}
         self._ids = [lease_id for lease_id, _ in self._held.values()]
-        self._paths: dict[str, Path] = {}
+        self._paths: dict[str, str] = {}
         self._closed = False
 
     def path(
         self, key_sha256: str, size: int, fetch: Fetch, *, timeout: float | None = None
-    ) -> Path:
+    ) -> str:
         """A verified local copy of an object, leased until the set closes.
 
         Same contract as :meth:`NodeCache.lease` (``fetch`` on a miss, ``timeout`` for
@@ -56,23 +56,23 @@ class LeaseSet:
         """
         if self._closed:
             raise RuntimeError("the lease set is closed")
-        key = require_sha256(key_sha256, "key_sha256")
-        known = self._paths.get(key)
+        known = self._paths.get(key_sha256)
         if known is not None:
             return known
         cache = self._cache
-        held = self._held.pop(key, None)
+        held = self._held.pop(key_sha256, None)  # keys in _held were checked on entry
+        key = key_sha256 if held is not None else require_sha256(key_sha256, "key_sha256")
         if held is not None:
             lease_id, gen = held
-            path = cache.path_of(key)
+            path = cache._object_path(key)
             if cache._check(key, size, path, force_hash=False):
                 self._paths[key] = path
                 return path
             self._ids.remove(lease_id)
             cache._drop_corrupt(key, gen, lease_id, was_hit=True)
-        lease_id, path = cache._acquire(key, size, fetch, timeout)
+        lease_id, got = cache._acquire(key, size, fetch, timeout)
         self._ids.append(lease_id)
-        self._paths[key] = path
+        self._paths[key] = path = os.fspath(got)
         return path
 
     def close(self) -> None:
