@@ -14,9 +14,11 @@ the dataset object in the training process cannot see their progress: record
 ``batch["step"] + 1`` as the next step (``ds.state_dict(next_step=…)``) or iterate
 through :class:`StatefulLoader`, which does that.
 
-Each iterator owns a bounded thread pool that fetches and decodes the rows of the next
-``prefetch_steps`` steps while the current one trains, so cache misses hide under step
-time. Leases are held only while a row is fetched and decoded; closing the iterator
+Each iterator owns a bounded thread pool (one thread per CPU by default) that fetches
+and decodes the rows of the next ``prefetch_steps`` steps while the current one trains,
+so cache misses hide under step time. Each step is cut into one part per thread, read
+under one :class:`~loader.leases.LeaseSet` (two SQLite transactions per part, not two
+per row); leases are held only while their part is read; closing the iterator
 (exhaustion, ``close()``, an exception, garbage collection) cancels what is queued and
 joins the threads.
 
