@@ -187,7 +187,7 @@ class WebDataset:
 
         self.dir, self.batch = work / "wds", batch
         self.dir.mkdir()
-        with wds.ShardWriter(str(self.dir / "shard-%06d.tar"), maxsize=64 * MiB) as w:
+        with wds.ShardWriter(str(self.dir / "shard-%06d.tar"), maxsize=64 * MiB, verbose=0) as w:
             for i, t in enumerate(tensors):
                 w.write({"__key__": f"{i:08d}", "x.npy": t})
         self.urls = [str(p) for p in sorted(self.dir.glob("*.tar"))]

@@ -848,6 +848,8 @@ class NodeCache:
         self._objects.mkdir(parents=True, exist_ok=True)
         self._tmp.mkdir(exist_ok=True)
         self._proc = current_process()
+        if self._open_read_only():
+            return
         with self._tx() as db:
             for statement in SCHEMA:
                 db.execute(statement)
@@ -884,6 +886,36 @@ class NodeCache:
                 )
             self._budget = stored
             self._reclaim(db, meta.get("boot_id"))
+
+    def _open_read_only(self) -> bool:
+        """Open an existing cache with reads only when nothing needs a write: the schema
+        and budget are there, and no dead owner, earlier boot or stray temp folder
+        needs reclaiming. Many processes starting at once then take no write lock."""
+        try:
+            with self._tx(read=True) as db:
+                meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+                owners = db.execute(
+                    "SELECT pid, pid_start, pid_ns FROM leases UNION SELECT pid, pid_start,"
+                    " pid_ns FROM entries WHERE state = 'downloading'"
+                ).fetchall()
+                live = {
+                    r[0] for r in db.execute("SELECT gen FROM entries WHERE state = 'downloading'")
+                }
+        except CacheError:
+            return False  # a new cache (no tables yet): the write path creates it
+        if meta.get("schema") != SCHEMA_VERSION or "budget_bytes" not in meta:
+            return False
+        if meta.get("boot_id") != boot_id():
+            return False
+        stored = int(meta["budget_bytes"])
+        if self._requested_budget is not None and stored != self._requested_budget:
+            return False  # the write path raises the error
+        if any(not is_alive(Proc(*o), self._proc) for o in owners):
+            return False
+        if any(p.name not in live for p in self._tmp.iterdir()):
+            return False
+        self._budget = stored
+        return True
 
     def _reclaim_dead(self) -> int:
         with self._tx() as db:

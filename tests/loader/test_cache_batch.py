@@ -77,9 +77,9 @@ def test_a_warm_step_takes_two_write_transactions_per_thread_not_two_per_row(
     ds = _dataset(snap, tmp_path / "node", prefetch_threads=1, prefetch_steps=0)
     ds.plan  # opening the plan is not what is counted  # noqa: B018
     warm = _rows(ds)
-    # One to open the cache (schema, reclaim); then per step one to lease its 16 rows
-    # and one to return them (it was two per row: 65).
-    assert len(writes) == 1 + 2 * len(warm), writes
+    # Opening the healthy cache writes nothing; per step, one transaction leases its
+    # 16 rows and one returns them (it was one to open and two per row: 65).
+    assert len(writes) == 2 * len(warm), writes
     assert torch.equal(torch.cat(warm), torch.cat(cold))
     stats = NodeCache(tmp_path / "node" / "latents", None).stats()
     assert stats["leases"] == 0 and stats["hits"] == 32 and stats["misses"] == 32
@@ -152,3 +152,19 @@ def test_a_process_killed_holding_a_lease_set_leaks_nothing(tmp_path: Path) -> N
     assert after.stats()["leases"] == 0
     assert after.gc(0)["evicted"] == len(keys)
     assert not any(p.is_file() for p in root.rglob("objects/*/*"))
+
+
+def test_opening_a_healthy_cache_takes_no_write_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "cache"
+    NodeCache(root, 1 * MB).close()  # created: schema, budget
+    writes = _count_write_transactions(monkeypatch)
+    for _ in range(3):  # ranks, workers, iterators starting at once: reads only
+        NodeCache(root, 1 * MB).stats()
+    assert writes == []
+    (root / "tmp" / "stray").mkdir()  # something to reclaim: the write path runs
+    NodeCache(root, 1 * MB).close()
+    assert len(writes) == 1 and not (root / "tmp" / "stray").exists()
+    with pytest.raises(cache_module.CacheError, match="budget_bytes"):
+        NodeCache(root, 2 * MB)
