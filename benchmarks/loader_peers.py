@@ -58,7 +58,7 @@ MiB = 1 << 20
 FRAME = 9 * 8 * 8 * 4  # bytes per channel of a (C, 9, 8, 8) float32 latent
 # name -> (sample bytes, samples (full, quick), batch)
 SIZES = {
-    "8mb": (8 << 20, (128, 24), 8),
+    "8mb": (8 << 20, (128, 64), 8),
     "256kb": (256 << 10, (4096, 768), 64),
     "16kb": (16 << 10, (20000, 3072), 256),
 }
