@@ -171,12 +171,13 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         self._sizes: dict[str, int] = {}
         self._erased_skipped = 0
         self._corrupt_skipped = 0
+        self._buffers: BufferPool | None = None
 
     # -- lazily created per process ----------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Clients are per process; the plan reader pickles as paths and remaps lazily.
-        state.update(_src=None, _sizes={})
+        state.update(_src=None, _sizes={}, _buffers=None)
         return state
 
     @property
@@ -187,6 +188,11 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             plan.check_world_size(self.world_size)
             self._plan = plan
         return self._plan
+
+    def _buffer_pool(self) -> BufferPool:
+        if self._buffers is None:
+            self._buffers = BufferPool(keep=self.prefetch_steps + 3)
+        return self._buffers
 
     def _open_source(self) -> SnapshotSource:
         if self._src is None:
@@ -301,8 +307,9 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         plan = self.plan
         cache = self._node_cache()
         executor = ThreadPoolExecutor(self.prefetch_threads, thread_name_prefix="vidlake-prefetch")
-        # In the training process, recycle batch memory (see BufferPool).
-        buffers = BufferPool(keep=self.prefetch_steps + 3) if track else None
+        # In the training process, recycle batch memory (see BufferPool), across this
+        # dataset's iterators too: a new epoch or a resume writes into warm pages.
+        buffers = self._buffer_pool() if track else None
         pending: collections.deque[Step] = collections.deque()
         todo = iter(steps)
         failed = self._open_source().failed_members()  # the shared record, once

@@ -168,3 +168,26 @@ def test_opening_a_healthy_cache_takes_no_write_lock(
     assert len(writes) == 1 and not (root / "tmp" / "stray").exists()
     with pytest.raises(cache_module.CacheError, match="budget_bytes"):
         NodeCache(root, 2 * MB)
+
+
+def test_a_second_iterator_writes_into_recycled_batch_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import numpy as np
+
+    import loader.batch as batch_module
+
+    snap = _snapshot(tmp_path)
+    ds = _dataset(snap, tmp_path / "node", prefetch_steps=0)
+    _rows(ds)  # the first iterator allocates the step's batch memory
+    fresh: list[int] = []
+    real = np.empty
+
+    def counting(shape: Any, dtype: Any = float, *args: Any, **kw: Any) -> Any:
+        if dtype is np.uint8:
+            fresh.append(shape)
+        return real(shape, dtype, *args, **kw)
+
+    monkeypatch.setattr(batch_module.np, "empty", counting)
+    again = _rows(ds)  # a new iterator (an epoch, a resume) of the same dataset
+    assert fresh == [] and len(again) == 2
