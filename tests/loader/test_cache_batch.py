@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import loader.cache as cache_module
+from catalog.errors import CacheError
 from catalog.hashing import sha256_bytes, sha256_file
 from loader.cache import NodeCache
 from loader.dataset import SnapshotDataset
@@ -166,7 +167,7 @@ def test_opening_a_healthy_cache_takes_no_write_lock(
     (root / "tmp" / "stray").mkdir()  # something to reclaim: the write path runs
     NodeCache(root, 1 * MB).close()
     assert len(writes) == 1 and not (root / "tmp" / "stray").exists()
-    with pytest.raises(cache_module.CacheError, match="budget_bytes"):
+    with pytest.raises(CacheError, match="budget_bytes"):
         NodeCache(root, 2 * MB)
 
 
@@ -174,8 +175,6 @@ def test_a_second_iterator_writes_into_recycled_batch_memory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import numpy as np
-
-    import loader.batch as batch_module
 
     snap = _snapshot(tmp_path)
     ds = _dataset(snap, tmp_path / "node", prefetch_steps=0)
@@ -188,6 +187,6 @@ def test_a_second_iterator_writes_into_recycled_batch_memory(
             fresh.append(shape)
         return real(shape, dtype, *args, **kw)
 
-    monkeypatch.setattr(batch_module.np, "empty", counting)
+    monkeypatch.setattr(np, "empty", counting)  # what loader.batch allocates blocks with
     again = _rows(ds)  # a new iterator (an epoch, a resume) of the same dataset
     assert fresh == [] and len(again) == 2
