@@ -50,7 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import loader.cache as cache_module
+from loader.cache import forget_verified
 from loader.dataset import SnapshotDataset, StatefulLoader
 from manifests.synthetic import write_big_snapshot, write_snapshot
 
@@ -124,7 +124,7 @@ class Vidlake:
 
     def run(self, verify: bool) -> tuple[float, int]:
         if verify:
-            cache_module._VERIFIED.clear()
+            forget_verified()
         ds = SnapshotDataset(self.snap.url, 1, verify_hits=verify, **self.kw)
         ds.plan  # noqa: B018 - opening the plan is not what is measured
         return _iterate(iter(ds))

@@ -60,7 +60,14 @@ from loader.cache_schema import EVICTABLE, LEASED_BYTES, SCHEMA, SCHEMA_VERSION,
 from loader.leases import LeaseSet
 from loader.owners import Proc, boot_id, current_process, is_alive
 
-__all__ = ["DEFAULT_RESERVE_BYTES", "DiskFree", "Fetch", "NodeCache", "disk_free"]
+__all__ = [
+    "DEFAULT_RESERVE_BYTES",
+    "DiskFree",
+    "Fetch",
+    "NodeCache",
+    "disk_free",
+    "forget_verified",
+]
 
 log = logging.getLogger("vidlake.cache")
 
@@ -140,6 +147,10 @@ class _Verified:
         with self._lock:
             self._fps.pop(key, None)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._fps.clear()
+
     def after_fork(self) -> None:
         self._lock = threading.Lock()  # another thread may have held it at fork()
 
@@ -151,6 +162,19 @@ _VERIFIED_LOCK = threading.Lock()
 def _verified_for(root: Path) -> _Verified:
     with _VERIFIED_LOCK:
         return _VERIFIED.setdefault(root, _Verified())
+
+
+def forget_verified(root: str | Path | None = None) -> None:
+    """Forget which files this process verified under ``root`` (every root when None):
+    the next hit of each is hashed again. For measuring verification, and for tools
+    that want a fresh proof without a full :meth:`NodeCache.verify`."""
+    with _VERIFIED_LOCK:
+        chosen: list[_Verified | None] = (
+            list(_VERIFIED.values()) if root is None else [_VERIFIED.get(Path(root).absolute())]
+        )
+    for verified in chosen:
+        if verified is not None:
+            verified.clear()  # in place: open caches hold the same object
 
 
 def _after_fork_in_child() -> None:

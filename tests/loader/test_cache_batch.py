@@ -22,7 +22,7 @@ import torch
 import loader.cache as cache_module
 from catalog.errors import CacheError
 from catalog.hashing import sha256_bytes, sha256_file
-from loader.cache import NodeCache
+from loader.cache import NodeCache, forget_verified
 from loader.dataset import SnapshotDataset
 from manifests.synthetic import SynthSnapshot, write_snapshot
 
@@ -190,3 +190,28 @@ def test_a_second_iterator_writes_into_recycled_batch_memory(
     monkeypatch.setattr(np, "empty", counting)  # what loader.batch allocates blocks with
     again = _rows(ds)  # a new iterator (an epoch, a resume) of the same dataset
     assert fresh == [] and len(again) == 2
+
+
+def test_forget_verified_makes_the_next_hit_hash_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hashed: list[str] = []
+    real = sha256_file
+
+    def counting(path: str | Path) -> tuple[str, int]:
+        hashed.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(cache_module, "sha256_file", counting)
+    data = b"x" * 100
+    key = sha256_bytes(data)
+    with NodeCache(tmp_path / "c", 1 * MB, reserve_bytes=0) as cache:
+        with cache.lease(key, 100, lambda tmp: tmp.write_bytes(data)):
+            pass
+        with cache.lease(key, 100, lambda tmp: None):
+            pass
+        assert len(hashed) == 1
+        forget_verified(tmp_path / "c")
+        with cache.lease(key, 100, lambda tmp: None):
+            pass
+        assert len(hashed) == 2
