@@ -8,7 +8,9 @@ flight and :meth:`Step.assemble` turns it into the batch a training loop receive
 
 from __future__ import annotations
 
+import contextlib
 import math
+import mmap
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -113,7 +115,7 @@ class BufferPool:
             blocks = self._free.get(nbytes)
             block = blocks.pop() if blocks else None
         if block is None:
-            block = np.empty(max(nbytes, 1), dtype=np.uint8)
+            block = _new_block(nbytes)
         view = block[:nbytes]  # a new array object: torch holds it, we watch it
         weakref.finalize(view, self._give_back, block)
         return torch.from_numpy(view).view(dtype).reshape(shape)
@@ -123,6 +125,23 @@ class BufferPool:
             blocks = self._free.setdefault(len(block), [])
             if len(blocks) < self.keep:
                 blocks.append(block)
+
+
+_HUGE = 2 << 20
+
+
+def _new_block(nbytes: int) -> NDArray[np.uint8]:
+    """Fresh batch memory. Blocks of 2 MiB or more are anonymous maps advised for
+    transparent huge pages: the first write into fresh 4 KiB pages costs a fault per
+    page, which on a VM ran at ~0.3 GB/s against 2.7-4.7 GB/s with huge pages (a
+    64 MB batch of 8 MB latents). Elsewhere (no madvise, small blocks) ``np.empty``."""
+    advise = getattr(mmap, "MADV_HUGEPAGE", None)
+    if nbytes < _HUGE or advise is None:
+        return np.empty(max(nbytes, 1), dtype=np.uint8)
+    region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    with contextlib.suppress(OSError):
+        region.madvise(advise)
+    return np.frombuffer(region, dtype=np.uint8)
 
 
 class BatchBuffer:
