@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import shutil
@@ -49,16 +50,24 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from catalog.errors import CacheError, CacheFull, ChecksumMismatch, InvalidInput
 from catalog.hashing import require_sha256, sha256_file
 from loader.cache_schema import EVICTABLE, LEASED_BYTES, SCHEMA, SCHEMA_VERSION, STATS
+from loader.leases import LeaseSet
 from loader.owners import Proc, boot_id, current_process, is_alive
 
-__all__ = ["DEFAULT_RESERVE_BYTES", "DiskFree", "Fetch", "NodeCache", "disk_free"]
+__all__ = [
+    "DEFAULT_RESERVE_BYTES",
+    "DiskFree",
+    "Fetch",
+    "NodeCache",
+    "disk_free",
+    "forget_verified",
+]
 
 log = logging.getLogger("vidlake.cache")
 
@@ -113,7 +122,66 @@ def _fingerprint(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+class _Verified:
+    """The files one process has hashed under one cache root, as stat fingerprints.
+
+    One per (process, root), shared by every :class:`NodeCache` opened on that root, so
+    a new iterator (or a second cache object) does not hash again what another already
+    verified. A forked child inherits its parent's (the files are the same files)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fps: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+
+    def get(self, key: str) -> tuple[int, ...] | None:
+        return self._fps.get(key)
+
+    def put(self, key: str, fp: tuple[int, ...]) -> None:
+        with self._lock:
+            self._fps[key] = fp
+            self._fps.move_to_end(key)
+            while len(self._fps) > _FINGERPRINTS_MAX:
+                self._fps.popitem(last=False)
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._fps.pop(key, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._fps.clear()
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()  # another thread may have held it at fork()
+
+
+_VERIFIED: dict[Path, _Verified] = {}
+_VERIFIED_LOCK = threading.Lock()
+
+
+def _verified_for(root: Path) -> _Verified:
+    with _VERIFIED_LOCK:
+        return _VERIFIED.setdefault(root, _Verified())
+
+
+def forget_verified(root: str | Path | None = None) -> None:
+    """Forget which files this process verified under ``root`` (every root when None):
+    the next hit of each is hashed again. For measuring verification, and for tools
+    that want a fresh proof without a full :meth:`NodeCache.verify`."""
+    with _VERIFIED_LOCK:
+        chosen: list[_Verified | None] = (
+            list(_VERIFIED.values()) if root is None else [_VERIFIED.get(Path(root).absolute())]
+        )
+    for verified in chosen:
+        if verified is not None:
+            verified.clear()  # in place: open caches hold the same object
+
+
 def _after_fork_in_child() -> None:
+    global _VERIFIED_LOCK
+    _VERIFIED_LOCK = threading.Lock()
+    for verified in _VERIFIED.values():
+        verified.after_fork()
     for cache in list(_INSTANCES):
         cache._forget_process_state()
 
@@ -190,20 +258,22 @@ class NodeCache:
         self._budget: int | None = None
         self._db_path = self.root / "cache.db"
         self._objects = self.root / "objects"
+        self._objects_str = str(self._objects)
         self._tmp = self.root / "tmp"
         self._closed = False
         self._forget_process_state()
         _INSTANCES.add(self)
 
     def _forget_process_state(self) -> None:
-        """Drop what belongs to one process: connections, locks, verified files."""
+        """Drop what belongs to one process: connections and locks (the verified files
+        are the process's, per root, and a forked child keeps its parent's)."""
         for conn in getattr(self, "_conns", []):
             _INHERITED.append(conn)
         self._conns: list[sqlite3.Connection] = []
         self._local = threading.local()
         self._lock = threading.Lock()
         self._open_lock = threading.Lock()
-        self._verified: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._verified = _verified_for(self.root)
         self._opened_pid: int | None = None
         self._proc = Proc(0, 0, 0)
 
@@ -249,6 +319,10 @@ class NodeCache:
         key = require_sha256(key_sha256, "key_sha256")
         return self._objects / key[:2] / key
 
+    def _object_path(self, key: str) -> str:
+        """:meth:`path_of` for a key already checked, as a string (no pathlib per hit)."""
+        return f"{self._objects_str}/{key[:2]}/{key}"
+
     # -- the lease ---------------------------------------------------------------------
     @contextlib.contextmanager
     def lease(
@@ -282,6 +356,48 @@ class NodeCache:
             yield path
         finally:
             self._release(lease_id)
+
+    def leases(self, wanted: Iterable[tuple[str, int]] = ()) -> LeaseSet:
+        """Leases for a batch: the cached ones among ``wanted`` (``(sha256, size)``
+        pairs) in one write transaction, all returned in one more when the set closes.
+
+        Use as ``with cache.leases(items) as held: path = held.path(sha, size, fetch)``
+        (:class:`loader.leases.LeaseSet`); ``path`` behaves as :meth:`lease` does.
+        """
+        self._ensure_open()
+        return LeaseSet(self, wanted)
+
+    def _claim_hits(self, wanted: list[tuple[str, int]]) -> dict[str, tuple[int, str]]:
+        """Lease every ready entry of ``wanted`` whose size matches: one transaction of
+        two statements, whatever the count. Returns key -> (lease id, generation); the
+        rest take the per-object path (which raises on a size mismatch)."""
+        self._ensure_open()
+        now = time.time_ns()
+        sizes = dict(wanted)
+        keys = json.dumps(list(sizes))
+        with self._tx() as db:
+            gens = {
+                key: gen
+                for key, size, gen in db.execute(
+                    "UPDATE entries SET last_access = ? WHERE state = 'ready' AND sha256 IN"
+                    " (SELECT value FROM json_each(?)) RETURNING sha256, size, gen",
+                    (now, keys),
+                )
+                if sizes[key] == size
+            }
+            if not gens:
+                return {}
+            me = self._proc
+            held = {
+                key: (lease_id, gens[key])
+                for lease_id, key in db.execute(
+                    "INSERT INTO leases (sha256, pid, pid_start, pid_ns, at)"
+                    " SELECT value, ?, ?, ?, ? FROM json_each(?) RETURNING id, sha256",
+                    (me.pid, me.start, me.ns, now, json.dumps(list(gens))),
+                )
+            }
+            _bump(db, hits=len(held))
+        return held
 
     def _acquire(
         self, key: str, size: int, fetch: Fetch, timeout: float | None
@@ -558,8 +674,22 @@ class NodeCache:
             # Never mask the caller's own exception; a dead owner's lease is reclaimed.
             log.warning("could not release lease %d: %s", lease_id, exc)
 
+    def _release_many(self, lease_ids: list[int]) -> None:
+        """Delete many lease rows in one transaction (never raises, as _release)."""
+        if not lease_ids:
+            return
+        rows = [(i,) for i in lease_ids]
+        try:
+            if self._closed:
+                with contextlib.closing(self._connect()) as conn:
+                    _delete_leases(conn, rows)
+            else:
+                _delete_leases(self._conn(), rows)
+        except sqlite3.Error as exc:
+            log.warning("could not release %d leases: %s", len(rows), exc)
+
     # -- verification ------------------------------------------------------------------
-    def _check(self, key: str, size: int, path: Path, *, force_hash: bool) -> bool:
+    def _check(self, key: str, size: int, path: Path | str, *, force_hash: bool) -> bool:
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -582,20 +712,15 @@ class NodeCache:
             self._store_fingerprint(key, fp)
         return True
 
-    def _remember(self, key: str, path: Path) -> None:
+    def _remember(self, key: str, path: Path | str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._store_fingerprint(key, _fingerprint(os.stat(path)))
 
     def _store_fingerprint(self, key: str, fp: tuple[int, ...]) -> None:
-        with self._lock:
-            self._verified[key] = fp
-            self._verified.move_to_end(key)
-            while len(self._verified) > _FINGERPRINTS_MAX:
-                self._verified.popitem(last=False)
+        self._verified.put(key, fp)
 
     def _forget(self, key: str) -> None:
-        with self._lock:
-            self._verified.pop(key, None)
+        self._verified.forget(key)
 
     def _drop_corrupt(self, key: str, gen: str, lease_id: int, *, was_hit: bool) -> None:
         self._forget(key)
@@ -747,6 +872,8 @@ class NodeCache:
         self._objects.mkdir(parents=True, exist_ok=True)
         self._tmp.mkdir(exist_ok=True)
         self._proc = current_process()
+        if self._open_read_only():
+            return
         with self._tx() as db:
             for statement in SCHEMA:
                 db.execute(statement)
@@ -783,6 +910,36 @@ class NodeCache:
                 )
             self._budget = stored
             self._reclaim(db, meta.get("boot_id"))
+
+    def _open_read_only(self) -> bool:
+        """Open an existing cache with reads only when nothing needs a write: the schema
+        and budget are there, and no dead owner, earlier boot or stray temp folder
+        needs reclaiming. Many processes starting at once then take no write lock."""
+        try:
+            with self._tx(read=True) as db:
+                meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+                owners = db.execute(
+                    "SELECT pid, pid_start, pid_ns FROM leases UNION SELECT pid, pid_start,"
+                    " pid_ns FROM entries WHERE state = 'downloading'"
+                ).fetchall()
+                live = {
+                    r[0] for r in db.execute("SELECT gen FROM entries WHERE state = 'downloading'")
+                }
+        except CacheError:
+            return False  # a new cache (no tables yet): the write path creates it
+        if meta.get("schema") != SCHEMA_VERSION or "budget_bytes" not in meta:
+            return False
+        if meta.get("boot_id") != boot_id():
+            return False
+        stored = int(meta["budget_bytes"])
+        if self._requested_budget is not None and stored != self._requested_budget:
+            return False  # the write path raises the error
+        if any(not is_alive(Proc(*o), self._proc) for o in owners):
+            return False
+        if any(p.name not in live for p in self._tmp.iterdir()):
+            return False
+        self._budget = stored
+        return True
 
     def _reclaim_dead(self) -> int:
         with self._tx() as db:
@@ -903,6 +1060,17 @@ class NodeCache:
 
 def _totals(db: sqlite3.Connection) -> dict[str, int]:
     return {name: int(value) for name, value in db.execute("SELECT name, value FROM stats")}
+
+
+def _delete_leases(conn: sqlite3.Connection, rows: list[tuple[int]]) -> None:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.executemany("DELETE FROM leases WHERE id = ?", rows)
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
 
 
 def _bump(db: sqlite3.Connection, **deltas: int) -> None:

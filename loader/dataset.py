@@ -14,15 +14,22 @@ the dataset object in the training process cannot see their progress: record
 ``batch["step"] + 1`` as the next step (``ds.state_dict(next_step=…)``) or iterate
 through :class:`StatefulLoader`, which does that.
 
-Each iterator owns a bounded thread pool that fetches and decodes the rows of the next
-``prefetch_steps`` steps while the current one trains, so cache misses hide under step
-time. Leases are held only while a row is fetched and decoded; closing the iterator
+Each iterator owns a bounded thread pool (one thread per CPU by default) that fetches
+and decodes the rows of the next ``prefetch_steps`` steps while the current one trains,
+so cache misses hide under step time. Each step is cut into one part per thread, read
+under one :class:`~loader.leases.LeaseSet` (two SQLite transactions per part, not two
+per row); leases are held only while their part is read; closing the iterator
 (exhaustion, ``close()``, an exception, garbage collection) cancels what is queued and
 joins the threads.
 
 A latent member whose stored bytes fail their SHA-256 is skipped by every rank that is
 handed it, the same way at the same step, and recorded for quarantine
 (``on_corrupt="skip"``; ``"fail"`` raises): the rule is in :mod:`loader.corrupt`.
+
+Why this module is a little over 500 lines: the dataset's cursor, its per-step
+submission and its per-part reading share the plan reader, the source, the node cache
+and the batch pool of one object; the pieces that stand alone already live elsewhere
+(:mod:`loader.batch`, :mod:`loader.leases`, :mod:`loader.decode`, :mod:`loader.plan`).
 """
 
 from __future__ import annotations
@@ -30,18 +37,22 @@ from __future__ import annotations
 import collections
 import os
 from collections.abc import Generator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+# pyarrow imports numpy.ma lazily on the first numpy array it converts: 15-20 ms that
+# would otherwise land on the first step after a resume.
+import numpy.ma
 import torch
 from filelock import FileLock
 from numpy.typing import NDArray
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput
-from loader.batch import BatchBuffer, BufferPool, Step
+from loader.batch import BatchBuffer, BufferPool, Outcome, PartResult, Step, outcome
 from loader.cache import NodeCache
 from loader.corrupt import (
     Corrupt,
@@ -55,12 +66,13 @@ from loader.decode import (
     copy_into,
     decode_file,
     keep_frames,
-    read_frames_into,
-    safetensors_specs,
+    pread_frames_into,
+    safetensors_specs_fd,
     sniff_format,
     trim_frames,
 )
 from loader.device import check_device, prefetch_to_device
+from loader.leases import LeaseSet
 from loader.plan import PlanReader, StepInfo, open_plan
 from loader.source import SnapshotSource, open_source
 
@@ -95,7 +107,9 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         cache_budget_bytes: the node cache's budget; every process on the node must
             pass the same value.
         prefetch_steps: steps fetched ahead of the one being consumed (0: none).
-        prefetch_threads: threads per iterator doing fetch and decode.
+        prefetch_threads: threads per iterator doing fetch and decode (default: the
+            CPUs this process may use, at most 8; more threads than cores only
+            contend on the GIL for warm reads).
         start_step: first step (``load_state_dict`` overrides it).
         end_step: one past the last step (default: the plan's end).
         verify_hits: have the cache re-hash objects on hit (see ``loader.cache``).
@@ -126,7 +140,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         cache_dir: str | os.PathLike[str],
         cache_budget_bytes: int,
         prefetch_steps: int = 2,
-        prefetch_threads: int = 8,
+        prefetch_threads: int | None = None,
         start_step: int = 0,
         end_step: int | None = None,
         verify_hits: bool = True,
@@ -143,6 +157,8 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         super().__init__()
         if world_size < 1 or not 0 <= rank < world_size:
             raise InvalidInput(f"rank {rank} is not in 0..{world_size - 1}", rank=rank)
+        if prefetch_threads is None:
+            prefetch_threads = _default_threads()
         if prefetch_steps < 0 or prefetch_threads < 1:
             raise InvalidInput("prefetch_steps must be >= 0 and prefetch_threads >= 1")
         if start_step < 0:
@@ -170,12 +186,13 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         self._sizes: dict[str, int] = {}
         self._erased_skipped = 0
         self._corrupt_skipped = 0
+        self._buffers: BufferPool | None = None
 
     # -- lazily created per process ----------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Clients are per process; the plan reader pickles as paths and remaps lazily.
-        state.update(_src=None, _sizes={})
+        state.update(_src=None, _sizes={}, _buffers=None)
         return state
 
     @property
@@ -186,6 +203,11 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             plan.check_world_size(self.world_size)
             self._plan = plan
         return self._plan
+
+    def _buffer_pool(self) -> BufferPool:
+        if self._buffers is None:
+            self._buffers = BufferPool(keep=self.prefetch_steps + 3)
+        return self._buffers
 
     def _open_source(self) -> SnapshotSource:
         if self._src is None:
@@ -313,8 +335,9 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         plan = self.plan
         cache = self._node_cache()
         executor = ThreadPoolExecutor(self.prefetch_threads, thread_name_prefix="vidlake-prefetch")
-        # In the training process, recycle batch memory (see BufferPool).
-        buffers = BufferPool(keep=self.prefetch_steps + 3) if track else None
+        # In the training process, recycle batch memory (see BufferPool), across this
+        # dataset's iterators too: a new epoch or a resume writes into warm pages.
+        buffers = self._buffer_pool() if track else None
         pending: collections.deque[Step] = collections.deque()
         todo = iter(steps)
         failed = self._open_source().failed_members()  # the shared record, once
@@ -367,23 +390,49 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         records = table.to_pylist()
         variants = _caption_variants(records, rows, info)
         buffer = BatchBuffer(len(records), buffers)
-        latents = [
-            executor.submit(self._load_latent, cache, rec, buffer, i)
-            for i, rec in enumerate(records)
-        ]
-        embeds: list[Future[Any] | None] = []
+        embed_shas: list[str | None] = []
         for rec, v in zip(records, variants, strict=True):
             shas = rec["text_embedding_sha256"]
             want = self.text_embeddings and v is not None and v < len(shas) and shas[v]
-            embeds.append(executor.submit(self._load_embedding, cache, shas[v]) if want else None)
+            embed_shas.append(shas[v] if want else None)
+        # One task per part of the step (one per thread), each row's outcome a slot of it.
+        latents: list[PartResult] = []
+        embeds: list[PartResult | None] = []
+        for part in _parts(len(records), self.prefetch_threads):
+            task = executor.submit(self._load_part, cache, records, buffer, embed_shas, part)
+            for j, i in enumerate(part):
+                latents.append(PartResult(task, j, 0))
+                embeds.append(PartResult(task, j, 1) if embed_shas[i] else None)
         captions = [
             rec["captions"][v] if v is not None else None
             for rec, v in zip(records, variants, strict=True)
         ]
         return Step(info, rows, table, captions, buffer, latents, embeds, erased, known)
 
+    def _load_part(
+        self,
+        cache: NodeCache,
+        records: list[dict[str, Any]],
+        buffer: BatchBuffer,
+        embed_shas: list[str | None],
+        part: range,
+    ) -> list[tuple[Outcome, Outcome]]:
+        """Read rows ``part`` of a step under one :class:`LeaseSet`: the cached objects
+        are leased in one transaction and all returned in one more (docs/cache.md).
+        Returns each row's (latent, text embedding) outcome."""
+        out: list[tuple[Outcome, Outcome]] = []
+        with cache.leases(
+            (records[i]["member_sha256"], records[i]["length"]) for i in part
+        ) as held:
+            for i in part:
+                latent = outcome(self._load_latent, held, records[i], buffer, i)
+                sha = embed_shas[i]
+                embed = outcome(self._load_embedding, held, sha) if sha else (None, None)
+                out.append((latent, embed))
+        return out
+
     def _load_latent(
-        self, cache: NodeCache, rec: dict[str, Any], buffer: BatchBuffer, i: int
+        self, held: LeaseSet, rec: dict[str, Any], buffer: BatchBuffer, i: int
     ) -> dict[str, torch.Tensor] | Corrupt | None:
         """Fetch row ``i``'s latent and decode it into its row of the batch tensors.
 
@@ -398,7 +447,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
                 ``object_sha256``, ``offset``, ``length`` attributes).
         """
         try:
-            return self._read_latent(cache, rec, buffer, i)
+            return self._read_latent(held, rec, buffer, i)
         except (IntegrityError, InvalidInput) as exc:
             err = named_error(rec, exc)
         # Recorded under either policy; only a failure of the source's own bytes counts.
@@ -410,7 +459,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         raise err
 
     def _read_latent(
-        self, cache: NodeCache, rec: dict[str, Any], buffer: BatchBuffer, i: int
+        self, held: LeaseSet, rec: dict[str, Any], buffer: BatchBuffer, i: int
     ) -> dict[str, torch.Tensor] | None:
         src = self._open_source()
         obj, off, n, member = (
@@ -427,27 +476,30 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
 
         keys = list(rec["tensor_keys"])
         frames = rec.get("num_frames")  # the bucket's: keep that many leading frames
-        with cache.lease(member, n, fetch) as path:
-            if rec["format"] == "safetensors":
-                # Header only, then each tensor's bytes straight into the batch: one copy.
-                with open(path, "rb") as f:
-                    specs = safetensors_specs(f, keys, f"safetensors latent {member}")
-                    layout = {k: (s.dtype, keep_frames(s.shape, frames)) for k, s in specs.items()}
-                    slots = buffer.slots(i, layout)
-                    if slots is not None:
-                        for k, spec in specs.items():
-                            read_frames_into(f, spec, slots[k])
-                        return None
-            tensors = decode_file(path, rec["format"], keys, sha256=member)
-            tensors = {k: trim_frames(t, frames) for k, t in tensors.items()}
-            slots = buffer.slots(i, {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()})
-            if slots is None:
-                return tensors
-            for k, t in tensors.items():
-                copy_into(slots[k], t)
-            return None
+        path = held.path(member, n, fetch)
+        if rec["format"] == "safetensors":
+            # Header only, then each tensor's bytes straight into the batch: one copy.
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                specs = safetensors_specs_fd(fd, n, keys, f"safetensors latent {member}")
+                layout = {k: (s.dtype, keep_frames(s.shape, frames)) for k, s in specs.items()}
+                dest = buffer.row_bytes(i, layout)
+                if dest is not None:
+                    for k, spec in specs.items():
+                        pread_frames_into(fd, spec, layout[k][1], dest[k])
+                    return None
+            finally:
+                os.close(fd)
+        tensors = decode_file(path, rec["format"], keys, sha256=member)
+        tensors = {k: trim_frames(t, frames) for k, t in tensors.items()}
+        slots = buffer.slots(i, {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()})
+        if slots is None:
+            return tensors
+        for k, t in tensors.items():
+            copy_into(slots[k], t)
+        return None
 
-    def _load_embedding(self, cache: NodeCache, sha: str) -> Any:
+    def _load_embedding(self, held: LeaseSet, sha: str) -> Any:
         src = self._open_source()
         size = self._sizes.get(sha)
         if size is None:
@@ -456,11 +508,22 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         def fetch(tmp: Path) -> None:
             src.fetch_range(sha, 0, size, tmp)  # verified by the cache, as above
 
-        with cache.lease(sha, size, fetch) as path:
-            with open(path, "rb") as f:
-                fmt = sniff_format(f.read(16))
-            tensors = decode_file(path, fmt, [], sha256=sha)
+        path = held.path(sha, size, fetch)
+        with open(path, "rb") as f:
+            fmt = sniff_format(f.read(16))
+        tensors = decode_file(path, fmt, [], sha256=sha)
         return next(iter(tensors.values())) if len(tensors) == 1 else tensors
+
+
+def _default_threads() -> int:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(8, cpus or 1))
+
+
+def _parts(n: int, k: int) -> list[range]:
+    """``range(n)`` cut into at most ``k`` contiguous, nearly equal parts."""
+    k = max(1, min(k, n))
+    return [range(j * n // k, (j + 1) * n // k) for j in range(k)] if n else []
 
 
 def _caption_variants(

@@ -20,6 +20,8 @@ import io
 import json
 import math
 import os
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from io import BufferedReader
 from pathlib import Path
@@ -39,9 +41,11 @@ __all__ = [
     "copy_into",
     "decode_bytes",
     "decode_file",
+    "pread_frames_into",
     "read_into",
     "read_member",
     "safetensors_specs",
+    "safetensors_specs_fd",
     "sniff_format",
     "trim_frames",
 ]
@@ -230,16 +234,50 @@ def safetensors_specs(f: BinaryIO, tensor_keys: list[str], what: str) -> dict[st
         IntegrityError: a malformed header, a missing tensor, or a range that
             disagrees with its dtype and shape or runs past the end of the file.
     """
-    f.seek(0)
-    head = f.read(8)
-    size = os.fstat(f.fileno()).st_size
-    n = int.from_bytes(head, "little") if len(head) == 8 else -1
+    return safetensors_specs_fd(f.fileno(), os.fstat(f.fileno()).st_size, tensor_keys, what)
+
+
+_HEAD_READ = 4096
+_SPECS_MEMO: OrderedDict[tuple[bytes, tuple[str, ...]], dict[str, TensorSpec]] = OrderedDict()
+_SPECS_MEMO_MAX = 256
+_SPECS_LOCK = threading.Lock()
+
+
+def safetensors_specs_fd(
+    fd: int, size: int, tensor_keys: list[str], what: str
+) -> dict[str, TensorSpec]:
+    """:func:`safetensors_specs` of an open file descriptor of ``size`` bytes, read
+    with ``pread`` (no file position, no buffered reader).
+
+    Latents of one bucket share one header byte for byte, so parsed headers are
+    memoised by their bytes (the ranges are then only checked against ``size``).
+    """
+    head = os.pread(fd, _HEAD_READ, 0)
+    n = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
     if not 0 < n <= min(_MAX_HEADER, size - 8):
         raise IntegrityError(f"{what}: not a safetensors file (header length {n})")
+    raw = head[8 : 8 + n] if 8 + n <= len(head) else os.pread(fd, n, 8)
+    memo_key = (raw, tuple(tensor_keys))
+    specs = _SPECS_MEMO.get(memo_key)
+    if specs is None:
+        specs = _parse_header(raw, n, tensor_keys, what)
+        with _SPECS_LOCK:
+            _SPECS_MEMO[memo_key] = specs
+            while len(_SPECS_MEMO) > _SPECS_MEMO_MAX:
+                _SPECS_MEMO.popitem(last=False)
+    for name, spec in specs.items():
+        if spec.end > size:
+            raise IntegrityError(f"{what}: tensor {name!r} has an inconsistent byte range")
+    return specs
+
+
+def _parse_header(raw: bytes, n: int, tensor_keys: list[str], what: str) -> dict[str, TensorSpec]:
     try:
-        header = json.loads(f.read(n))
+        header = json.loads(raw)
     except ValueError as exc:
         raise IntegrityError(f"{what}: safetensors header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise IntegrityError(f"{what}: safetensors header is not a JSON object")
     names = tensor_keys or [k for k in header if k != "__metadata__"]
     missing = [k for k in names if k not in header]
     if missing:
@@ -253,11 +291,35 @@ def safetensors_specs(f: BinaryIO, tensor_keys: list[str], what: str) -> dict[st
             begin, end = (8 + n + int(x) for x in entry["data_offsets"])
         except (KeyError, TypeError, ValueError) as exc:
             raise IntegrityError(f"{what}: bad header entry for {name!r}: {exc}") from exc
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        if end - begin != math.prod(shape) * itemsize or begin < 8 + n or end > size:
+        if end - begin != math.prod(shape) * dtype.itemsize or begin < 8 + n:
             raise IntegrityError(f"{what}: tensor {name!r} has an inconsistent byte range")
         specs[name] = TensorSpec(dtype, shape, begin, end)
     return specs
+
+
+def pread_frames_into(fd: int, spec: TensorSpec, shape: tuple[int, ...], dest: memoryview) -> None:
+    """Read a tensor of ``fd`` into ``dest``, the bytes of a C-contiguous tensor of
+    ``shape``: the whole tensor, or (``shape`` from :func:`keep_frames`) its leading
+    frames, one ``preadv`` per channel. Still one copy, straight into the batch.
+
+    Raises:
+        IntegrityError: the file ends before the tensor does.
+    """
+    runs: list[tuple[int, int]]  # (file offset, bytes)
+    if shape == spec.shape:
+        runs = [(spec.start, spec.end - spec.start)]
+    else:
+        c, t, h, w = spec.shape[-4:]
+        item = spec.dtype.itemsize
+        run, stride = shape[-3] * h * w * item, t * h * w * item
+        runs = [(spec.start + ch * stride, run) for ch in range(c)]
+    if sum(n for _, n in runs) != len(dest):
+        raise InvalidInput(f"destination of {len(dest)} bytes does not fit {spec} as {shape}")
+    at = 0
+    for offset, n in runs:
+        if n and os.preadv(fd, [dest[at : at + n]], offset) != n:
+            raise IntegrityError(f"short read of {n} bytes at {offset}")
+        at += n
 
 
 def _bytes_of(t: torch.Tensor) -> Any:
@@ -327,7 +389,7 @@ def read_frames_into(f: BufferedReader, spec: TensorSpec, out: torch.Tensor) -> 
     c, t, h, w = spec.shape
     if out.dtype != spec.dtype or tuple(out.shape) != (c, out.shape[1], h, w) or out.shape[1] > t:
         raise InvalidInput(f"destination {out.dtype}{tuple(out.shape)} does not fit {spec}")
-    itemsize = torch.empty((), dtype=spec.dtype).element_size()
+    itemsize = spec.dtype.itemsize
     run = out.shape[1] * h * w * itemsize
     stride = t * h * w * itemsize
     dest = memoryview(_bytes_of(out))

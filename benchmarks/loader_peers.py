@@ -1,0 +1,380 @@
+"""Loader throughput at three sample sizes against raw reads and peer loaders.
+
+For 8 MB, 256 KB and 16 KB samples (float32 latents of shape ``(C, 9, 8, 8)``, nine
+frames as the synthetic index records, so every system reads the same bytes) it builds
+one data set per system from the very same tensors and reads it warm, in this process,
+as batches of stacked tensors:
+
+* **raw**: ``open().read()`` of vidlake's cached files (the floor every loader pays);
+* **vidlake**: ``SnapshotDataset`` through its node cache, ``verify_hits`` off and on
+  (the "already verified" memory is cleared before each verify-on pass, so each pass
+  hashes every object it touches);
+* **Streaming** (MosaicML, MDS), **LitData** (``BinaryWriter`` chunks) and
+  **WebDataset** (tar shards), when importable: none is a dependency. ``--peers-path``
+  prepends a directory where they were installed (``pip install --no-deps --target
+  DIR mosaicml-streaming==0.13.0 litdata==0.2.76 webdataset==1.0.2`` plus the light
+  dependencies issue 16 lists); absent ones are skipped with a note.
+
+Passes are interleaved (raw, vidlake off, vidlake on, peers; ``--repeat`` rounds) and
+each figure is the median, so load on a shared machine hits every system alike.
+
+Also measured: ``verify_x_hash_floor``, vidlake with verification at 8 MB against
+hashlib's SHA-256 over the same bytes in memory times the threads used;
+``first_batch_s``, a rank started by ``multiprocessing`` spawn reading through a
+``StatefulLoader`` with ``num_workers=2`` (spawned workers too) and a warm node cache,
+from ``Process.start()`` to its first batch; ``resume_ms``, a fresh spawned process
+resuming at step ``--resume-step`` of a long plan, from constructing the dataset to its
+first sample.
+
+Prints one JSON line. ``--quick`` sizes the sets so the run takes < 1 minute on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loader.cache import forget_verified
+from loader.dataset import SnapshotDataset, StatefulLoader
+from manifests.synthetic import write_big_snapshot, write_snapshot
+
+MiB = 1 << 20
+FRAME = 9 * 8 * 8 * 4  # bytes per channel of a (C, 9, 8, 8) float32 latent
+# name -> (sample bytes, samples (full, quick), batch)
+SIZES = {
+    "8mb": (8 << 20, (128, 64), 8),
+    "256kb": (256 << 10, (4096, 768), 64),
+    "16kb": (16 << 10, (20000, 3072), 256),
+}
+
+
+def _common(cache: Path, threads: int | None) -> dict[str, Any]:
+    return {
+        "cache_dir": cache,
+        "cache_budget_bytes": 8 << 30,
+        "cache_reserve_bytes": 0,
+        "prefetch_steps": 2,
+        "prefetch_threads": threads,
+    }
+
+
+def _iterate(batches: Iterator[Any], key: str | None = "latent") -> tuple[float, int]:
+    t0 = time.perf_counter()
+    n = 0
+    for b in batches:
+        n += len(b[key] if key else b)
+    return time.perf_counter() - t0, n
+
+
+def _stacked(samples: Iterator[torch.Tensor], batch: int) -> Iterator[torch.Tensor]:
+    """Group samples into stacked batches, as a DataLoader's collate would."""
+    group: list[torch.Tensor] = []
+    for s in samples:
+        group.append(s)
+        if len(group) == batch:
+            yield torch.stack(group)
+            group = []
+    if group:
+        yield torch.stack(group)
+
+
+# -- the systems -------------------------------------------------------------------------
+class Vidlake:
+    def __init__(self, work: Path, nbytes: int, n: int, batch: int, threads: int | None):
+        self.channels = nbytes // FRAME
+        self.batch = batch
+        self.snap = write_snapshot(
+            work / "store",
+            num_rows=n,
+            num_steps=n // batch,
+            batch_size=batch,
+            num_buckets=1,
+            num_streams=1,
+            caption_variants=1,
+            latent_shape=(self.channels, 9, 8, 8),
+            steps_per_batch=1024,
+            index_rows_per_batch=4096,
+        )
+        self.kw = _common(work / "node", threads)
+        _iterate(iter(SnapshotDataset(self.snap.url, 1, **self.kw)))  # cold: fill the cache
+        objects = work / "node" / "latents" / "objects"
+        self.files = sorted(p for p in objects.glob("*/*"))
+
+    def tensors(self) -> Iterator[np.ndarray[Any, Any]]:
+        from safetensors.numpy import load_file
+
+        for p in self.files:
+            yield load_file(str(p))["latent"]
+
+    def run(self, verify: bool) -> tuple[float, int]:
+        if verify:
+            forget_verified()
+        ds = SnapshotDataset(self.snap.url, 1, verify_hits=verify, **self.kw)
+        ds.plan  # noqa: B018 - opening the plan is not what is measured
+        return _iterate(iter(ds))
+
+    def raw(self) -> tuple[float, int]:
+        t0 = time.perf_counter()
+        for p in self.files:
+            with open(p, "rb") as f:
+                f.read()
+        return time.perf_counter() - t0, len(self.files)
+
+
+def _import_streaming() -> Any:
+    # Streaming imports streaming.vision (and torchvision) unconditionally: stub it.
+    sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
+    import streaming
+
+    return streaming
+
+
+class Streaming:
+    def __init__(self, work: Path, tensors: list[np.ndarray[Any, Any]], batch: int):
+        streaming = _import_streaming()
+        self.mod, self.dir, self.batch = streaming, work / "mds", batch
+        shape = ",".join(str(d) for d in tensors[0].shape)
+        with streaming.MDSWriter(out=str(self.dir), columns={"x": f"ndarray:float32:{shape}"}) as w:
+            for t in tensors:
+                w.write({"x": t})
+        self.shape = tensors[0].shape
+
+    def run(self) -> tuple[float, int]:
+        self.mod.base.util.clean_stale_shared_memory()
+        ds = self.mod.StreamingDataset(local=str(self.dir), batch_size=self.batch, shuffle=False)
+        samples = (torch.from_numpy(s["x"]) for s in ds)
+        return _iterate(_stacked(samples, self.batch), None)
+
+
+class LitData:
+    def __init__(self, work: Path, tensors: list[np.ndarray[Any, Any]], batch: int):
+        from litdata.streaming.writer import BinaryWriter
+
+        self.dir, self.batch = work / "litdata", batch
+        self.dir.mkdir()
+        writer = BinaryWriter(str(self.dir), chunk_bytes="64MB")
+        for i, t in enumerate(tensors):
+            writer[i] = {"x": torch.from_numpy(t)}
+        writer.done()
+        writer.merge()
+
+    def run(self) -> tuple[float, int]:
+        import litdata
+
+        ds = litdata.StreamingDataset(input_dir=str(self.dir))
+        return _iterate(_stacked((s["x"] for s in ds), self.batch), None)
+
+
+class WebDataset:
+    def __init__(self, work: Path, tensors: list[np.ndarray[Any, Any]], batch: int):
+        import webdataset as wds
+
+        self.dir, self.batch = work / "wds", batch
+        self.dir.mkdir()
+        with wds.ShardWriter(str(self.dir / "shard-%06d.tar"), maxsize=64 * MiB, verbose=0) as w:
+            for i, t in enumerate(tensors):
+                w.write({"__key__": f"{i:08d}", "x.npy": t})
+        self.urls = [str(p) for p in sorted(self.dir.glob("*.tar"))]
+
+    def run(self) -> tuple[float, int]:
+        import webdataset as wds
+
+        ds = wds.WebDataset(self.urls, shardshuffle=False).decode().to_tuple("x.npy")
+        samples = (torch.from_numpy(x) for (x,) in ds)
+        return _iterate(_stacked(samples, self.batch), None)
+
+
+def _peer(name: str, build: Callable[[], Any], notes: dict[str, str]) -> Any:
+    if name in notes:
+        return None
+    try:
+        return build()
+    except ImportError as exc:
+        notes[name] = f"not importable: {exc}"
+    return None
+
+
+# -- one size -----------------------------------------------------------------------------
+def _measure_size(
+    work: Path, nbytes: int, n: int, batch: int, args: argparse.Namespace, notes: dict[str, str]
+) -> dict[str, float]:
+    vid = Vidlake(work, nbytes, n, batch, args.threads)
+    tensors = list(vid.tensors()) if args.peers else []
+    peers = {
+        "streaming": _peer("streaming", lambda: Streaming(work, tensors, batch), notes),
+        "litdata": _peer("litdata", lambda: LitData(work, tensors, batch), notes),
+        "webdataset": _peer("webdataset", lambda: WebDataset(work, tensors, batch), notes),
+    }
+    tensors.clear()  # the peers hold their own copies now
+    runs: dict[str, Callable[[], tuple[float, int]]] = {
+        "raw": vid.raw,
+        "vidlake": lambda: vid.run(False),
+        "vidlake_verify": lambda: vid.run(True),
+        **{k: p.run for k, p in peers.items() if p is not None},
+    }
+    secs: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(args.repeat):
+        for name, run in runs.items():
+            s, got = run()
+            if got != n:
+                raise SystemExit(f"{name} delivered {got} samples, not {n}")
+            secs[name].append(s)
+    return {k: n / statistics.median(v) for k, v in secs.items()}  # samples per second
+
+
+def _hash_floor(nbytes: int, threads: int) -> float:
+    """hashlib SHA-256 over ``nbytes`` in memory, bytes per second, times ``threads``."""
+    data = os.urandom(nbytes)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        hashlib.sha256(data).digest()
+        best = min(best, time.perf_counter() - t0)
+    return threads * nbytes / best
+
+
+# -- fresh processes ----------------------------------------------------------------------
+def _first_batch_child(url: str, kw: dict[str, Any], conn: Any) -> None:
+    ds = SnapshotDataset(url, 1, **kw)
+    it = iter(StatefulLoader(ds, num_workers=2, multiprocessing_context="spawn"))
+    first = next(it)
+    conn.send((time.time(), int(first["step"])))
+    del it
+
+
+def _resume_child(url: str, kw: dict[str, Any], state: dict[str, Any], conn: Any) -> None:
+    t0 = time.perf_counter()
+    ds = SnapshotDataset(url, 1, **kw)
+    ds.load_state_dict(state)
+    it = iter(ds)
+    first = next(it)
+    conn.send(((time.perf_counter() - t0) * 1000, int(first["step"])))
+    it.close()
+
+
+def _in_spawned(target: Callable[..., None], *args: Any) -> tuple[float, Any, float]:
+    ctx = multiprocessing.get_context("spawn")
+    recv, send = ctx.Pipe(duplex=False)
+    t0 = time.time()
+    proc = ctx.Process(target=target, args=(*args, send))
+    proc.start()
+    value, step = recv.recv()
+    proc.join(120)
+    return value, step, t0
+
+
+def _first_batch_s(work: Path) -> float:
+    snap = write_snapshot(work / "fb-store", num_rows=64, num_steps=8, batch_size=8)
+    kw = _common(work / "fb-node", None)
+    _iterate(iter(SnapshotDataset(snap.url, 1, **kw)))  # a warm node cache
+    at, step, t0 = _in_spawned(_first_batch_child, snap.url, kw)
+    assert step == 0
+    return float(at - t0)
+
+
+def _resume_ms(work: Path, resume_step: int) -> float:
+    big, _ = write_big_snapshot(
+        work / "resume-store", num_steps=resume_step + 10, batch_size=8, workdir=work
+    )
+    kw = dict(_common(work / "resume-node", None), prefetch_steps=1)
+    warm = SnapshotDataset(big.url, 1, **kw)
+    state = {"version": 1, "plan_sha256": warm.plan.plan_sha256, "next_step": resume_step}
+    warm.load_state_dict(state)
+    next(iter(warm))  # the plan on the node, the step's objects in the cache
+    ms, step, _ = _in_spawned(_resume_child, big.url, kw, state)
+    assert step == resume_step
+    return float(ms)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sets: < 1 min on 2 cores")
+    parser.add_argument("--repeat", type=int, default=3, help="interleaved rounds (median)")
+    parser.add_argument("--threads", type=int, default=None, help="prefetch threads")
+    parser.add_argument("--peers-path", default=None, help="where the peers are installed")
+    parser.add_argument("--no-peers", dest="peers", action="store_false")
+    parser.add_argument(
+        "--no-processes",
+        dest="processes",
+        action="store_false",
+        help="skip first_batch_s and resume_ms (spawned processes)",
+    )
+    parser.add_argument(
+        "--sizes", default=",".join(SIZES), help=f"comma-separated subset of {list(SIZES)}"
+    )
+    parser.add_argument("--resume-step", type=int, default=1_000_000)
+    parser.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
+    args = parser.parse_args(argv)
+    if args.peers_path:
+        sys.path.insert(0, args.peers_path)
+    notes: dict[str, str] = (
+        {} if args.peers else dict.fromkeys(("streaming", "litdata", "webdataset"), "--no-peers")
+    )
+    threads = args.threads or len(os.sched_getaffinity(0))
+    rates: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        work = Path(tmp)
+        for name in args.sizes.split(","):
+            nbytes, counts, batch = SIZES[name]
+            (work / name).mkdir()
+            n = counts[1] if args.quick else counts[0]
+            rates[name] = _measure_size(work / name, nbytes, n, batch, args, notes)
+        first_batch = _first_batch_s(work) if args.processes else None
+        resume = _resume_ms(work, args.resume_step) if args.processes else None
+    print(json.dumps(_result(rates, threads, first_batch, resume, notes, args)))
+
+
+def _result(
+    rates: dict[str, dict[str, float]],
+    threads: int,
+    first_batch: float | None,
+    resume: float | None,
+    notes: dict[str, str],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"benchmark": "loader_peers", "quick": args.quick, "threads": threads}
+    for name, r in rates.items():
+        out[f"x_raw_{name}"] = round(r["vidlake"] / r["raw"], 3)
+        out[f"vidlake_{name}_samples_s"] = round(r["vidlake"], 1)
+        out[f"vidlake_verify_{name}_samples_s"] = round(r["vidlake_verify"], 1)
+        out[f"raw_{name}_samples_s"] = round(r["raw"], 1)
+        for peer in ("streaming", "litdata", "webdataset"):
+            if peer in r:
+                out[f"{peer}_{name}_samples_s"] = round(r[peer], 1)
+                out[f"x_{peer}_{name}"] = round(r["vidlake"] / r[peer], 3)
+    for peer in ("streaming", "litdata", "webdataset"):
+        ratios = [out[k] for k in out if k.startswith(f"x_{peer}_")]
+        out[f"x_{peer}_min"] = min(ratios) if ratios else None
+    if "8mb" in rates:
+        nbytes = SIZES["8mb"][0]
+        verify_bytes_s = rates["8mb"]["vidlake_verify"] * (nbytes // FRAME) * FRAME
+        floor = _hash_floor(nbytes, threads)
+        out["verify_gb_s_8mb"] = round(verify_bytes_s / 1e9, 3)
+        out["hash_floor_gb_s"] = round(floor / 1e9, 3)
+        out["verify_x_hash_floor"] = round(verify_bytes_s / floor, 3)
+    out["first_batch_s"] = None if first_batch is None else round(first_batch, 3)
+    out["resume_step"] = args.resume_step
+    out["resume_ms"] = None if resume is None else round(resume, 2)
+    out["load_avg"] = round(os.getloadavg()[0], 2)
+    out["notes"] = notes
+    return out
+
+
+if __name__ == "__main__":
+    main()
