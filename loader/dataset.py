@@ -26,7 +26,7 @@ A latent member whose stored bytes fail their SHA-256 is skipped by every rank t
 handed it, the same way at the same step, and recorded for quarantine
 (``on_corrupt="skip"``; ``"fail"`` raises): the rule is in :mod:`loader.corrupt`.
 
-Why this module is a little over 500 lines: the dataset's cursor, its per-step
+Why this module is near 600 lines: the dataset's cursor, its per-step
 submission and its per-part reading share the plan reader, the source, the node cache
 and the batch pool of one object; the pieces that stand alone already live elsewhere
 (:mod:`loader.batch`, :mod:`loader.leases`, :mod:`loader.decode`, :mod:`loader.plan`).
