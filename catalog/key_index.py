@@ -144,7 +144,7 @@ class KeyStore:
                 self.path, timeout=_BUSY_S, isolation_level=None, check_same_thread=False
             )
             # 1 KiB pages: a batch's random keys dirty one leaf each, so small pages
-            # write ~2x less per batch than 4 KiB (docs/decisions/018-ingestscale-*).
+            # write ~2x less per batch than 4 KiB (docs/decisions/023-key-index.md).
             conn.execute("PRAGMA page_size = 1024")  # takes effect on a new file only
             conn.execute("PRAGMA journal_mode = WAL")
             conn.execute("PRAGMA synchronous = NORMAL")  # a lost last txn is re-synced

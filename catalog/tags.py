@@ -10,7 +10,7 @@ snapshot's timestamp. The caller says until when a version's tags must hold
 (``keep_until_ms``): None means forever (no ``max-ref-age-ms``: the tag never
 expires; a pinned version), an instant sets ``max-ref-age-ms = keep_until_ms -
 snapshot timestamp`` (an unpinned version; the rule is in
-``docs/decisions/016-pin-tags.md``). A tag whose instant has passed is not
+``docs/decisions/017-pin-tags.md``). A tag whose instant has passed is not
 created, and :func:`drop_aged_tags` removes it. The value is a pure function of its
 inputs, so re-tagging (the backfill) is idempotent: a tag already right is not
 committed again.

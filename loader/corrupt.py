@@ -19,7 +19,7 @@ batch keeps every other row; ``batch["corrupt"]`` counts the drops, the dataset'
 ``on_corrupt="fail"`` raises :class:`ChecksumMismatch` naming the clip and object.
 Either way a newly confirmed failure is recorded (create-only) so that
 ``vidlake import tar-shards-verify`` quarantines its sample in the catalog and later
-cuts leave it out (``docs/decisions/017-corrupt-member-policy.md``).
+cuts leave it out (``docs/decisions/022-corrupt-member-policy.md``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Every registered version ``N`` tags the snapshots it read (its ``catalog_snapshot_ids``)
 ``vidlake-v{N}`` in each table (:mod:`catalog.tags`). The registry decides the tags'
-retention (``docs/decisions/016-pin-tags.md``):
+retention (``docs/decisions/017-pin-tags.md``):
 
 * a pinned version's tags never expire;
 * an unpinned version's tags hold until ``retention_ms`` (default 30 days) after the

@@ -5,7 +5,7 @@ Python user wants rows to compute on, so here :meth:`Client.sql` returns a
 ``pyarrow.Table`` (the server's Arrow stream) and :meth:`Client.sql_result` the JSON
 document (with its pin and truncation flag). Its ingest sends 50,000 rows a request
 by default (the CLI's sends a file whole, one commit). Everything else is the HTTP
-client's (docs/decisions/016-pyclient-public-client.md).
+client's (docs/decisions/018-public-client.md).
 """
 
 from __future__ import annotations
