@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BackfillCoverage",
+    "CoverageSpec",
     "Requirement",
     "backfill_coverage",
     "check_min_coverage",
@@ -138,17 +139,40 @@ SELECT NULL, NULL, 1, count(*), {sums} FROM per_clip
 """
 
 
-def backfill_coverage(recipe: Recipe, candidates: pa.Table) -> BackfillCoverage:
-    """Coverage of ``recipe``'s score and caption versions over the candidate query's
+@dataclass(frozen=True)
+class CoverageSpec:
+    """What coverage needs of a recipe, as plain values that pickle (a partition's
+    worker gets this, not the recipe): the query, the requirements, the streams'
+    order and each requirement's ``min_coverage``."""
+
+    sql: str
+    keys: tuple[tuple[str, str, str, str], ...]
+    streams: tuple[str, ...]
+    minimums: tuple[float | None, ...]
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> CoverageSpec:
+        keys = tuple(_keys(recipe))
+        mins = recipe.min_coverage
+        return cls(
+            sql=_sql(recipe),
+            keys=keys,
+            streams=tuple(s.name for s in recipe.streams),
+            minimums=tuple(_minimum(mins, kind, name) for _, kind, name, _ in keys),
+        )
+
+
+def backfill_coverage(spec: Recipe | CoverageSpec, candidates: pa.Table) -> BackfillCoverage:
+    """Coverage of a recipe's score and caption versions over the candidate query's
     rows (one partition's, or all of them: :func:`merge_coverage` sums partitions)."""
+    spec = spec if isinstance(spec, CoverageSpec) else CoverageSpec.of(spec)
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
         con.register("cand", candidates)
-        rows = con.sql(_sql(recipe)).fetchall()
+        rows = con.sql(spec.sql).fetchall()
     finally:
         con.close()
-    keys = _keys(recipe)
-    order = [s.name for s in recipe.streams]
+    keys = spec.keys
     groups, clips, missing = [], 0, [0] * (len(keys) + 1)
     for stream, tier, is_total, count, *lacking in rows:
         if is_total:
@@ -156,8 +180,7 @@ def backfill_coverage(recipe: Recipe, candidates: pa.Table) -> BackfillCoverage:
             continue
         by_key = {k[0]: int(m) for k, m in zip(keys, lacking[:-1], strict=True)}
         groups.append({"stream": stream, "tier": tier, "clips": int(count), "missing": by_key})
-    groups.sort(key=lambda g: (order.index(g["stream"]), g["tier"]))
-    mins = recipe.min_coverage
+    groups.sort(key=lambda g: (spec.streams.index(g["stream"]), g["tier"]))
     requirements = [
         Requirement(
             key=key,
@@ -166,7 +189,7 @@ def backfill_coverage(recipe: Recipe, candidates: pa.Table) -> BackfillCoverage:
             version=version,
             clips=clips,
             missing=missing[i],
-            min_coverage=_minimum(mins, kind, name),
+            min_coverage=spec.minimums[i],
             partial=missing[-1] if kind == "captions" else None,
         )
         for i, (key, kind, name, version) in enumerate(keys)
@@ -174,7 +197,7 @@ def backfill_coverage(recipe: Recipe, candidates: pa.Table) -> BackfillCoverage:
     return BackfillCoverage(clips, requirements, groups)
 
 
-def merge_coverage(recipe: Recipe, parts: list[BackfillCoverage]) -> BackfillCoverage:
+def merge_coverage(spec: Recipe | CoverageSpec, parts: list[BackfillCoverage]) -> BackfillCoverage:
     """The coverage of disjoint sets of clips (``clip_id`` partitions) as one."""
     if len(parts) == 1:
         return parts[0]
@@ -188,8 +211,8 @@ def merge_coverage(recipe: Recipe, parts: list[BackfillCoverage]) -> BackfillCov
             into["clips"] += g["clips"]
             for key, n in g["missing"].items():
                 into["missing"][key] = into["missing"].get(key, 0) + n
-    order = [s.name for s in recipe.streams]
-    merged = sorted(groups.values(), key=lambda g: (order.index(g["stream"]), g["tier"]))
+    spec = spec if isinstance(spec, CoverageSpec) else CoverageSpec.of(spec)
+    merged = sorted(groups.values(), key=lambda g: (spec.streams.index(g["stream"]), g["tier"]))
     clips = sum(p.clips for p in parts)
     requirements = [
         replace(

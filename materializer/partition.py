@@ -34,7 +34,12 @@ import pyarrow.compute as pc
 
 from catalog.scan_plan import ScanPlan, plan_scan, read_plan, split_plan
 from materializer.clip_view import EVAL_CLIPS_SQL, candidate_params, candidate_sql
-from materializer.coverage import BackfillCoverage, backfill_coverage, merge_coverage
+from materializer.coverage import (
+    BackfillCoverage,
+    CoverageSpec,
+    backfill_coverage,
+    merge_coverage,
+)
 from materializer.executors import Executor
 from materializer.recipe import Recipe
 
@@ -148,12 +153,17 @@ class ViewQuery:
     sql: str
     params: dict[str, Any]
     num_streams: int
-    #: The recipe itself, for the backfill coverage of the partition's rows.
-    recipe: Recipe
+    #: The backfill coverage query of the partition's rows (the recipe does not pickle).
+    coverage: CoverageSpec
 
     @classmethod
     def of(cls, recipe: Recipe) -> ViewQuery:
-        return cls(candidate_sql(recipe), candidate_params(recipe), len(recipe.streams), recipe)
+        return cls(
+            candidate_sql(recipe),
+            candidate_params(recipe),
+            len(recipe.streams),
+            CoverageSpec.of(recipe),
+        )
 
 
 def query_candidates(query: ViewQuery, tables: dict[str, pa.Table]) -> Candidates:
@@ -167,7 +177,7 @@ def query_candidates(query: ViewQuery, tables: dict[str, pa.Table]) -> Candidate
     finally:
         con.close()
     found = candidates_of(table, query.num_streams, eval_ids)
-    found.backfill = backfill_coverage(query.recipe, table)
+    found.backfill = backfill_coverage(query.coverage, table)
     return found
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from catalog.config import CatalogConfig
 from catalog.erase import erasure_id
-from tests.catalog.test_erase import Lake, _markers, scan_files
+from tests.catalog.test_erase import NO_HITS, Lake, _markers, scan_files
 from tests.service.test_cli import _vidlake
 
 
@@ -46,7 +46,7 @@ def test_tombstone_hard_erase_then_list_and_show(lake: Lake) -> None:
     done = json.loads(run.stdout)
     assert done["state"] == "done" and done["erasure_id"] == erasure_id(lake.asset)
     assert done["requested_by"] == "legal"
-    assert scan_files(lake.root, _markers(lake)) == {"caption": [], "latent": [], "vector": []}
+    assert scan_files(lake.root, _markers(lake)) == NO_HITS
     listed = json.loads(_vidlake(lake.root, "erasures", "--json").stdout)
     assert [e["erasure_id"] for e in listed["data"]] == [erasure_id(lake.asset)]
     shown = json.loads(_vidlake(lake.root, "show", str(lake.version), "--json").stdout)

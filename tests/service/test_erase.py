@@ -14,7 +14,7 @@ from catalog.config import CatalogConfig
 from catalog.erase import erasure_id
 from service.app import create_app
 from service.settings import Settings
-from tests.catalog.test_erase import Lake, _markers, scan_files
+from tests.catalog.test_erase import NO_HITS, Lake, _markers, scan_files
 from tests.service.support import TestClient, assert_error
 
 
@@ -62,7 +62,7 @@ def test_erase_job_round_trip(client: TestClient, lake: Lake) -> None:
     job = _poll(client, r.json()["id"])
     assert job["state"] == "succeeded", job
     assert job["kind"] == "erase" and job["result"]["erasure_id"] == erasure_id(lake.asset)
-    assert scan_files(lake.root, _markers(lake)) == {"caption": [], "latent": [], "vector": []}
+    assert scan_files(lake.root, _markers(lake)) == NO_HITS
     assert_error(client.get(f"/v1/objects/{lake.pack}"), 404, "not_found")
     one = client.get(f"/v1/erasures/{erasure_id(lake.asset)}").json()
     assert one["state"] == "done" and one["reason"] == "dmca"
