@@ -144,7 +144,14 @@ for _command in (
 # -- the demo ------------------------------------------------------------------------------
 @app.command()
 def demo(
-    assets: Annotated[int, typer.Option(help="Assets in the synthetic corpus (first run).")] = 1500,
+    assets: Annotated[
+        int,
+        typer.Option(
+            min=1500,
+            help="Assets in the synthetic corpus (first run; at least 1500, which the demo "
+            "recipe's step quotas need without a sample twice in a step).",
+        ),
+    ] = 1500,
 ) -> None:
     """Run the end-to-end demo on the configured home (default ./.vidlake/)."""
     from service.demo.run import run_demo

@@ -56,7 +56,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "jobs": (f"vidlake jobs {_URL}   # scope: read",),
     "maintain": (f"vidlake maintain {_URL}   # scope: admin",),
     "gc": ("vidlake gc", f"vidlake gc --apply {_URL}   # scope: admin"),
-    "demo": ("vidlake demo --assets 300",),
+    "demo": ("vidlake demo --assets 3000",),
     "cache stats": ("vidlake cache stats --dir /local/nvme/vidlake-cache",),
     "cache verify": ("vidlake cache verify --dir /local/nvme/vidlake-cache",),
     "cache gc": ("vidlake cache gc --dir /local/nvme/vidlake-cache --target 100000000000",),
