@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ import pyarrow as pa
 import pytest
 
 from service.app import create_app
+from service.settings import Settings
 from tests.service.support import World, build_world, serve, world_recipe
 from vidlake import (
     AsyncClient,
@@ -129,9 +131,10 @@ def test_sql_answers_a_table_and_errors_by_class(lake: tuple[Connect, World]) ->
     connect, _ = lake
 
     async def body(client: AsyncClient) -> tuple[pa.Table, dict[str, Any]]:
-        return await asyncio.gather(
+        table, document = await asyncio.gather(
             client.sql("SELECT 1 AS one, 'a' AS letter"), client.sql_result("SELECT 2 AS two")
         )
+        return table, document
 
     table, document = run(connect, body)
     assert table.to_pylist() == [{"one": 1, "letter": "a"}]
@@ -277,3 +280,24 @@ def test_the_async_client_imports_with_the_loader_extra_alone() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().replace("'", '"')) == []
+
+
+def test_the_client_guide_async_example_runs(tmp_path: Path) -> None:
+    """docs/client.md's AsyncClient example, as written, against an empty lake."""
+    text = (REPO / "docs" / "client.md").read_text()
+    (example,) = [
+        b.split("```")[0]
+        for b in text.split("```python\n")[1:]
+        if "AsyncClient(" in b.split("```")[0]
+    ]
+    with serve(create_app(Settings(home=tmp_path / "lake"))) as url:
+        done = subprocess.run(
+            [sys.executable, "-c", example],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "VIDLAKE_URL": url, "PYTHONPATH": str(REPO)},
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "assets 0 versions 0", done.stdout
