@@ -59,6 +59,7 @@ from service.client_wire import (
     recipe_call,
     snapshots_call,
     sql_call,
+    tls_verify,
     transient,
     unreachable,
 )
@@ -334,7 +335,10 @@ class HttpClient:
         import httpx
 
         self.http = http or httpx.Client(
-            base_url=url.rstrip("/"), headers=auth_headers(token), timeout=timeout
+            base_url=url.rstrip("/"),
+            headers=auth_headers(token),
+            timeout=timeout,
+            verify=tls_verify(url),
         )
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:

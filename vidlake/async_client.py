@@ -51,6 +51,7 @@ from service.client_wire import (
     recipe_call,
     snapshots_call,
     sql_call,
+    tls_verify,
     transient,
     unreachable,
 )
@@ -88,7 +89,10 @@ class AsyncClient:
         import httpx
 
         self.http = http or httpx.AsyncClient(
-            base_url=url.rstrip("/"), headers=auth_headers(token), timeout=timeout
+            base_url=url.rstrip("/"),
+            headers=auth_headers(token),
+            timeout=timeout,
+            verify=tls_verify(url),
         )
 
     async def __aenter__(self) -> AsyncClient:
