@@ -13,6 +13,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pyarrow as pa
@@ -167,7 +168,7 @@ def test_rows_go_as_arrow_in_chunks(live: tuple[str, World]) -> None:
 
 def test_rows_arrow_cannot_type_go_as_json(live: tuple[str, World]) -> None:
     url, world = live
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"clip_id": world.train_clips[3], "filter_name": "mixed", "filter_version": "1"},
         {"clip_id": world.train_clips[3], "filter_name": "mixed", "filter_version": 2},
     ]
@@ -218,7 +219,7 @@ def _guide_code() -> str:
     text = (REPO / "docs" / "client.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
     (example,) = [b for b in blocks if "Bring your own" in text and "put_object(path)" in b]
-    return example
+    return str(example)
 
 
 def test_the_client_guide_runs_as_written(tmp_path: Path) -> None:
