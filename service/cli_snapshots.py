@@ -154,6 +154,9 @@ def _render_snapshot(snap: dict[str, Any]) -> None:
                 f"±{phase['share_bound'].get(name, 0.0):.1f} {phase['unit']}",
             )
     out.print(shares)
+    if not snap["drops"]:
+        out.print("dropped: none")
+        return
     drops = new_table("reason", "samples", title="dropped")
     for reason, n in snap["drops"].items():
         drops.add_row(reason, str(n))
