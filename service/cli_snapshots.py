@@ -154,6 +154,8 @@ def _render_snapshot(snap: dict[str, Any]) -> None:
                 f"±{phase['share_bound'].get(name, 0.0):.1f} {phase['unit']}",
             )
     out.print(shares)
+    if snap.get("patch_of") is not None:
+        out.print(_patch_line(snap))
     if not snap["drops"]:
         out.print("dropped: none")
         return
@@ -161,6 +163,19 @@ def _render_snapshot(snap: dict[str, Any]) -> None:
     for reason, n in snap["drops"].items():
         drops.add_row(reason, str(n))
     out.print(drops)
+
+
+def _patch_line(snap: dict[str, Any]) -> str:
+    """What a patch version skips of its parent (its ``drops`` are the parent's cut's)."""
+    patch = snap.get("patch") or {}
+    named = patch.get("excluded") or {}
+    per_stream = ", ".join(f"{k} {v}" for k, v in (patch.get("skipped_by_stream") or {}).items())
+    return (
+        f"patch of v{snap['patch_of']} ({patch.get('reason', '')}): skips "
+        f"{patch.get('skipped_plan_rows_total', patch.get('skipped_plan_rows', 0))} plan rows "
+        f"(named: {named.get('clip_ids', 0)} clips, {named.get('asset_ids', 0)} assets, "
+        f"{named.get('rows', 0)} rows)" + (f"; per stream: {per_stream}" if per_stream else "")
+    )
 
 
 def snapshots(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:

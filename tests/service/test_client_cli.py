@@ -76,3 +76,22 @@ def test_a_cut_without_drops_prints_one_line(capsys: pytest.CaptureFixture[str])
     assert "dropped: none" in shown and "reason" not in shown
     _render_snapshot({**snap, "drops": {"tombstoned": 3}})
     assert "tombstoned" in capsys.readouterr().out
+
+
+def test_a_patch_says_what_it_skips(capsys: pytest.CaptureFixture[str]) -> None:
+    """A patch's ``drops`` are its parent cut's: "dropped: none" alone hid the skip."""
+    from service.cli_snapshots import _render_snapshot
+
+    phase: dict[str, Any] = {"name": "p", "targets": {"a": 1.0}, "realized": {"a": 1.0}}
+    phase |= {"share_bound": {"a": 0.5}, "unit": "samples"}
+    patch: dict[str, Any] = {
+        "reason": "bad clip",
+        "excluded": {"clip_ids": 1, "asset_ids": 0, "rows": 0},
+    }
+    patch |= {"skipped_by_stream": {"a": 2}, "skipped_plan_rows_total": 2}
+    snap: dict[str, Any] = {"version": 2, "parent": 1, "num_steps": 4, "counts": {"samples": 8}}
+    snap |= {"plan_rows": 6, "phases": [phase], "drops": {}, "patch_of": 1, "patch": patch}
+    _render_snapshot(snap)
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "patch of v1 (bad clip): skips 2 plan rows (named: 1 clips" in shown
+    assert "per stream: a 2" in shown
