@@ -257,7 +257,12 @@ def patch(
     ] = None,
     where: Annotated[
         str | None,
-        typer.Option(help="Exclude the manifest rows matching this SQL predicate."),
+        typer.Option(
+            help="Exclude the manifest rows matching this SQL predicate over "
+            "manifest.parquet's columns: clip_id, asset_id, stream (the stream's index "
+            "in the recipe, from 0), bucket, num_frames, tokens, …; e.g. "
+            '"stream = 0 AND tokens > 4096".'
+        ),
     ] = None,
     by: Annotated[str | None, typer.Option(help="Who asked.")] = None,
     url: UrlOpt = None,
