@@ -15,7 +15,9 @@ the HTTP client alone (``from vidlake import Client`` is this class, SQL as a ta
 
 Why this module is over 500 lines: the :class:`Client` protocol and :class:`HttpClient`
 stand side by side, method for method, so a reader checks one against the other in
-one file; transfers and errors live in ``client_transfer`` and ``client_errors``.
+one file; transfers and errors live in ``client_transfer`` and ``client_errors``, the
+requests and answer decoding it shares with :class:`vidlake.AsyncClient` in
+``client_wire``.
 """
 
 from __future__ import annotations
