@@ -92,6 +92,9 @@ def exit_code(exc: VidlakeError) -> int:
 
 def main() -> None:
     """Console entry point: run the app, turning vidlake errors into one clean line."""
+    # httpx's own command line (httpx._main: click, rich, pygments) is never run here;
+    # marked absent, ``import httpx`` (every --url command) skips it, as httpx allows.
+    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
     try:
         app()
     except VidlakeError as exc:

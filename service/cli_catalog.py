@@ -112,12 +112,23 @@ def ingest(
         else:
             result = client.ingest(table, rows, idempotency_key=idempotency_key)
     if not as_json:
-        took = max(time.perf_counter() - started, 1e-9)
-        err.print(
-            f"ingested {what} in {took:.1f} s: {count / took:,.0f} rows/s, "
-            f"{size / 1e6 / took:,.1f} MB/s"
-        )
+        err.print(_ingest_summary(result, what, time.perf_counter() - started, count, size))
     emit(result, as_json)
+
+
+def _ingest_summary(result: dict[str, Any], what: str, took: float, count: int, size: int) -> str:
+    """The line ``ingest`` prints on stderr: the rate, or that a rerun wrote nothing."""
+    if result.get("replayed"):
+        key = result.get("idempotency_key")
+        return (
+            f"already ingested: {what} was committed before under key {key}; "
+            "nothing was written (the first result follows)"
+        )
+    took = max(took, 1e-9)
+    return (
+        f"ingested {what} in {took:.1f} s: {count / took:,.0f} rows/s, "
+        f"{size / 1e6 / took:,.1f} MB/s"
+    )
 
 
 @contextmanager

@@ -25,10 +25,13 @@ def render_breakdown(candidates: int, drops: dict[str, int], counts: dict[str, A
         f"candidates={candidates:,}  kept={counts.get('samples', 0):,}  "
         f"clips={counts.get('clips', 0):,}  assets={counts.get('assets', 0):,}"
     )
-    dropped = Table("reason", "samples", title="dropped")
-    for reason, n in sorted(drops.items(), key=lambda kv: -kv[1]):
-        dropped.add_row(reason, f"{n:,}")
-    out.print(dropped)
+    if not drops:
+        out.print("dropped: none")
+    else:
+        dropped = Table("reason", "samples", title="dropped")
+        for reason, n in sorted(drops.items(), key=lambda kv: -kv[1]):
+            dropped.add_row(reason, f"{n:,}")
+        out.print(dropped)
     for what in ("stream", "tier", "bucket"):
         found = counts.get(f"per_{what}") or {}
         if found:

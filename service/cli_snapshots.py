@@ -154,10 +154,28 @@ def _render_snapshot(snap: dict[str, Any]) -> None:
                 f"±{phase['share_bound'].get(name, 0.0):.1f} {phase['unit']}",
             )
     out.print(shares)
+    if snap.get("patch_of") is not None:
+        out.print(_patch_line(snap))
+    if not snap["drops"]:
+        out.print("dropped: none")
+        return
     drops = new_table("reason", "samples", title="dropped")
     for reason, n in snap["drops"].items():
         drops.add_row(reason, str(n))
     out.print(drops)
+
+
+def _patch_line(snap: dict[str, Any]) -> str:
+    """What a patch version skips of its parent (its ``drops`` are the parent's cut's)."""
+    patch = snap.get("patch") or {}
+    named = patch.get("excluded") or {}
+    per_stream = ", ".join(f"{k} {v}" for k, v in (patch.get("skipped_by_stream") or {}).items())
+    return (
+        f"patch of v{snap['patch_of']} ({patch.get('reason', '')}): skips "
+        f"{patch.get('skipped_plan_rows_total', patch.get('skipped_plan_rows', 0))} plan rows "
+        f"(named: {named.get('clip_ids', 0)} clips, {named.get('asset_ids', 0)} assets, "
+        f"{named.get('rows', 0)} rows)" + (f"; per stream: {per_stream}" if per_stream else "")
+    )
 
 
 def snapshots(url: UrlOpt = None, token: TokenOpt = None, as_json: JsonOpt = False) -> None:
@@ -239,7 +257,12 @@ def patch(
     ] = None,
     where: Annotated[
         str | None,
-        typer.Option(help="Exclude the manifest rows matching this SQL predicate."),
+        typer.Option(
+            help="Exclude the manifest rows matching this SQL predicate over "
+            "manifest.parquet's columns: clip_id, asset_id, stream (the stream's index "
+            "in the recipe, from 0), bucket, num_frames, tokens, …; e.g. "
+            '"stream = 0 AND tokens > 4096".'
+        ),
     ] = None,
     by: Annotated[str | None, typer.Option(help="Who asked.")] = None,
     url: UrlOpt = None,

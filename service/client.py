@@ -15,7 +15,9 @@ the HTTP client alone (``from vidlake import Client`` is this class, SQL as a ta
 
 Why this module is over 500 lines: the :class:`Client` protocol and :class:`HttpClient`
 stand side by side, method for method, so a reader checks one against the other in
-one file; transfers and errors live in ``client_transfer`` and ``client_errors``.
+one file; transfers and errors live in ``client_transfer`` and ``client_errors``, the
+requests and answer decoding it shares with :class:`vidlake.AsyncClient` in
+``client_wire``.
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
 from catalog import errors as _errors
-from catalog.errors import VidlakeError
-from catalog.table_names import INGEST_ORDER
 from service.client_errors import (
     HashMismatch,
     Progress,
@@ -41,8 +41,29 @@ from service.client_transfer import (
     bar,
     file_chunks,
     ingest_chunks,
-    recipe_document,
     upload_file,
+)
+from service.client_wire import (
+    INGEST_TABLES,
+    Call,
+    answer_error,
+    answer_json,
+    auth_headers,
+    batch_call,
+    check_table,
+    cut_call,
+    embeddings_call,
+    ingest_path,
+    lineage_path,
+    object_call,
+    object_missing,
+    read_arrow,
+    recipe_call,
+    snapshots_call,
+    sql_call,
+    tls_verify,
+    transient,
+    unreachable,
 )
 
 if TYPE_CHECKING:
@@ -63,10 +84,6 @@ __all__ = [
     "error_from_body",
     "wait_for_job",
 ]
-
-#: The catalog tables a batch may be ingested into, in the order a producer fills them.
-INGEST_TABLES = INGEST_ORDER
-ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
 
 class Client(Protocol):
@@ -297,26 +314,7 @@ class Client(Protocol):
         ...
 
 
-def check_table(table: str) -> None:
-    """Refuse a table a batch cannot be ingested into (before any row is read or sent).
-
-    Raises:
-        InvalidInput: ``table`` is not one of :data:`INGEST_TABLES`.
-    """
-    if table not in INGEST_TABLES:
-        raise _errors.InvalidInput(
-            f"unknown table {table!r}; one of {', '.join(INGEST_TABLES)}", table=table
-        )
-
-
 # -- HTTP -------------------------------------------------------------------------------
-def _transient(exc: Exception) -> bool:
-    """Whether a failed request may succeed when sent again."""
-    if isinstance(exc, Unreachable):
-        return True
-    return isinstance(exc, VidlakeError) and exc.http_status >= 500
-
-
 class HttpClient:
     """A :class:`Client` of a running server (httpx, sync).
 
@@ -338,8 +336,12 @@ class HttpClient:
     ) -> None:
         import httpx
 
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = http or httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+        self.http = http or httpx.Client(
+            base_url=url.rstrip("/"),
+            headers=auth_headers(token),
+            timeout=timeout,
+            verify=tls_verify(url),
+        )
 
     def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """The answer to one request (an error answer raised as its error)."""
@@ -348,23 +350,18 @@ class HttpClient:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
-            raise Unreachable(
-                f"cannot reach {self.http.base_url}: {exc}", url=str(self.http.base_url)
-            ) from exc
-        if response.status_code >= 400:
-            try:
-                body = response.json() if response.content else None
-            except ValueError:
-                body = None
-            raise error_from_body(response.status_code, body, response.text or "HTTP error")
+            raise unreachable(self.http.base_url, exc) from exc
+        error = answer_error(response.status_code, response.content, response.text)
+        if error is not None:
+            raise error
         return response
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = self._request(method, path, **kwargs)
-        try:
-            return response.json() if response.content else None
-        except ValueError:
-            return None
+        return answer_json(self._request(method, path, **kwargs).content)
+
+    def _send(self, call: Call) -> Any:
+        """The JSON answer to ``call``."""
+        return self._call(call.method, call.path, **call.kwargs())
 
     def ingest(
         self,
@@ -380,11 +377,11 @@ class HttpClient:
         commit); chunk ``i`` of several carries the key ``<idempotency_key>.<i>``, so
         that a retry with the same key finishes an interrupted ingest without
         duplicates."""
-        check_table(table)
-        path = f"/v1/{table.replace('_', '-')}"
+        path = ingest_path(table)
 
         def send(chunk: pa.Table | list[dict[str, Any]], key: str | None) -> dict[str, Any]:
-            return self._send_batch(path, chunk, key)
+            result: dict[str, Any] = self._send(batch_call(path, chunk, key))
+            return result
 
         return ingest_chunks(
             send,
@@ -395,44 +392,12 @@ class HttpClient:
             progress=progress,
         )
 
-    def _send_batch(
-        self, path: str, chunk: pa.Table | list[dict[str, Any]], key: str | None
-    ) -> dict[str, Any]:
-        import pyarrow as pa
-
-        headers = {"Idempotency-Key": key} if key is not None else {}
-        if not isinstance(chunk, pa.Table):
-            result: dict[str, Any] = self._call("POST", path, json=chunk, headers=headers)
-            return result
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, chunk.schema) as writer:
-            writer.write_table(chunk)
-        headers["Content-Type"] = ARROW_STREAM
-        result = self._call("POST", path, content=sink.getvalue().to_pybytes(), headers=headers)
-        return result
-
     def ingest_embeddings(self, rows: Any, *, model_version: str | None = None) -> dict[str, Any]:
-        import pyarrow as pa
-
-        params = {"model_version": model_version} if model_version is not None else {}
-        if not isinstance(rows, pa.Table):
-            result: dict[str, Any] = self._call("POST", "/v1/embeddings", json=rows, params=params)
-            return result
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, rows.schema) as writer:
-            writer.write_table(rows)
-        result = self._call(
-            "POST",
-            "/v1/embeddings",
-            content=sink.getvalue().to_pybytes(),
-            headers={"Content-Type": ARROW_STREAM},
-            params=params,
-        )
+        result: dict[str, Any] = self._send(embeddings_call(rows, model_version))
         return result
 
     def validate(self, recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
-        body = {"recipe": recipe_document(recipe)}
-        result: dict[str, Any] = self._call("POST", "/v1/recipes:validate", json=body)
+        result: dict[str, Any] = self._send(recipe_call("validate", recipe))
         return result
 
     def cut(
@@ -446,12 +411,8 @@ class HttpClient:
     ) -> dict[str, Any]:
         """Cut ``recipe`` and wait for its job (``progress``: a callback, or True for a
         bar); the published version's snapshot.json."""
-        body: dict[str, Any] = {"recipe": recipe_document(recipe), "new_version": new_version}
-        if executor is not None:
-            body["executor"] = executor
-        if partitions is not None:
-            body["partitions"] = partitions
-        job = self._call("POST", "/v1/snapshots", json=body)
+        call = cut_call(recipe, new_version=new_version, executor=executor, partitions=partitions)
+        job = self._send(call)
         if "id" not in job:  # 200: a published version already has these inputs
             return self.snapshot(job["version"])
         if callable(progress) or not progress:
@@ -462,8 +423,7 @@ class HttpClient:
         return self.snapshot(done["version"])
 
     def snapshots(self, *, limit: int = 100, offset: int = 0) -> dict[str, Any]:
-        params = {"limit": limit, "offset": offset}
-        result: dict[str, Any] = self._call("GET", "/v1/snapshots", params=params)
+        result: dict[str, Any] = self._send(snapshots_call(limit, offset))
         return result
 
     def snapshot(self, version: int) -> dict[str, Any]:
@@ -561,16 +521,11 @@ class HttpClient:
     def sql(
         self, query: str, *, snapshot: int | None = None, limit: int | None = None
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"query": query}
-        if snapshot is not None:
-            body["snapshot"] = snapshot
-        if limit is not None:
-            body["limit"] = limit
-        result: dict[str, Any] = self._call("POST", "/v1/sql", json=body)
+        result: dict[str, Any] = self._send(sql_call(query, snapshot, limit, arrow=False))
         return result
 
     def lineage(self, clip_id: str) -> dict[str, Any]:
-        result: dict[str, Any] = self._call("GET", f"/v1/lineage/clips/{clip_id}")
+        result: dict[str, Any] = self._call("GET", lineage_path(clip_id))
         return result
 
     def step(self, version: int, step: int) -> dict[str, Any]:
@@ -657,16 +612,13 @@ class HttpClient:
             put=self._put_object,
             progress=progress,
             attempts=attempts,
-            retryable=_transient,
+            retryable=transient,
         )
 
     def _put_object(self, sha256: str, path: Path, shown: Bar) -> dict[str, Any]:
-        size = path.stat().st_size
-        headers = {"Content-Length": str(size), "Content-Type": "application/octet-stream"}
+        route, headers = object_call(sha256, path.stat().st_size)
         body = file_chunks(path, shown)
-        result: dict[str, Any] = self._call(
-            "PUT", f"/v1/objects/{sha256}", content=body, headers=headers
-        )
+        result: dict[str, Any] = self._call("PUT", route, content=body, headers=headers)
         return result
 
     def has_object(self, sha256: str) -> bool:
@@ -675,28 +627,14 @@ class HttpClient:
         try:
             response = self.http.head(f"/v1/objects/{sha256}")
         except httpx.TransportError as exc:
-            raise Unreachable(
-                f"cannot reach {self.http.base_url}: {exc}", url=str(self.http.base_url)
-            ) from exc
-        if response.status_code == 404:
-            return False
-        if response.status_code >= 400:
-            raise error_from_body(response.status_code, None, f"HEAD object {sha256}")
-        return True
+            raise unreachable(self.http.base_url, exc) from exc
+        return not object_missing(response.status_code, sha256)
 
     def sql_table(
         self, query: str, *, snapshot: int | None = None, limit: int | None = None
     ) -> pa.Table:
-        import pyarrow as pa
-
-        body: dict[str, Any] = {"query": query}
-        if snapshot is not None:
-            body["snapshot"] = snapshot
-        if limit is not None:
-            body["limit"] = limit
-        response = self._request("POST", "/v1/sql", json=body, headers={"Accept": ARROW_STREAM})
-        table: pa.Table = pa.ipc.open_stream(response.content).read_all()
-        return table
+        call = sql_call(query, snapshot, limit, arrow=True)
+        return read_arrow(self._request(call.method, call.path, **call.kwargs()).content)
 
     def __enter__(self) -> HttpClient:
         return self
@@ -710,8 +648,7 @@ class HttpClient:
         return result
 
     def plan(self, recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
-        body = {"recipe": recipe_document(recipe)}
-        result: dict[str, Any] = self._call("POST", "/v1/recipes:plan", json=body)
+        result: dict[str, Any] = self._send(recipe_call("plan", recipe))
         return result
 
     def drift(
@@ -736,6 +673,5 @@ class HttpClient:
         return result
 
     def coverage(self, recipe: Recipe | Mapping[str, Any] | str | Path) -> dict[str, Any]:
-        body = {"recipe": recipe_document(recipe)}
-        result: dict[str, Any] = self._call("POST", "/v1/recipes:coverage", json=body)
+        result: dict[str, Any] = self._send(recipe_call("coverage", recipe))
         return result

@@ -22,12 +22,15 @@ __all__ = [
     "RemoteError",
     "Unreachable",
     "error_from_body",
+    "job_ended",
+    "job_result",
     "wait_for_job",
 ]
 
 #: ``progress(stage, fraction)`` of a job being waited for.
 Progress = Callable[[str, float], None]
-_POLL_S = 0.25
+#: Seconds between two polls of a job being waited for.
+POLL_S = 0.25
 
 
 class Unreachable(VidlakeError):
@@ -113,14 +116,24 @@ def wait_for_job(
     Raises:
         VidlakeError: the job failed: the subclass its recorded error names.
     """
-    report = progress or (lambda stage, fraction: None)
-    while True:
-        state = get(job_id)
-        if state.get("stage"):
-            report(str(state["stage"]), float(state.get("progress") or 0.0))
-        if state["state"] in ("succeeded", "failed"):
-            break
-        time.sleep(_POLL_S)
+    while not job_ended(state := get(job_id), progress):
+        time.sleep(POLL_S)
+    return job_result(state)
+
+
+def job_ended(state: Mapping[str, Any], progress: Progress | None) -> bool:
+    """Report a polled job ``state``'s stage to ``progress``; whether the job ended."""
+    if state.get("stage") and progress is not None:
+        progress(str(state["stage"]), float(state.get("progress") or 0.0))
+    return state["state"] in ("succeeded", "failed")
+
+
+def job_result(state: Mapping[str, Any]) -> Any:
+    """An ended job's result.
+
+    Raises:
+        VidlakeError: the job failed: the subclass its recorded error names.
+    """
     if state["state"] == "failed":
         raise error_from_body(None, state.get("error") or {}, "job failed")
     return state["result"]

@@ -37,11 +37,15 @@ __all__ = [
     "as_batch",
     "bar",
     "chunk_key",
+    "chunk_nbytes",
     "combine",
     "file_chunks",
     "ingest_chunks",
+    "plan_chunks",
     "recipe_document",
+    "retry_delay",
     "upload_file",
+    "upload_source",
 ]
 
 #: Rows per ingest request of the public client (well under the server's default body
@@ -137,20 +141,37 @@ def ingest_chunks(
         VidlakeError: a chunk failed (the chunks before it are committed; retry with
             the same key and ``chunk_rows`` to finish).
     """
+    total, planned = plan_chunks(rows, idempotency_key=idempotency_key, chunk_rows=chunk_rows)
+    results: list[dict[str, Any]] = []
+    with bar(f"ingest {table}", total, "rows", enabled=progress) as shown:
+        for chunk, key in planned:
+            results.append(send(chunk, key))
+            shown.advance(len(chunk), chunk_nbytes(chunk))
+    return combine(table, idempotency_key, results)
+
+
+def plan_chunks(
+    rows: Any, *, idempotency_key: str | None, chunk_rows: int | None
+) -> tuple[int, list[tuple[pa.Table | list[dict[str, Any]], str | None]]]:
+    """``rows``' count, and its chunks of ``chunk_rows`` rows (None: one) each with
+    its idempotency key (:func:`chunk_key`), in the order they are sent.
+
+    Raises:
+        InvalidInput: ``chunk_rows`` is below 1, or ``rows`` is not a batch.
+    """
     if chunk_rows is not None and chunk_rows < 1:
         raise InvalidInput(f"chunk_rows must be at least 1, not {chunk_rows}", field="chunk_rows")
     batch = as_batch(rows)
     size = chunk_rows or max(1, len(batch))
     count = max(1, -(-len(batch) // size))
-    results: list[dict[str, Any]] = []
-    with bar(f"ingest {table}", len(batch), "rows", enabled=progress) as shown:
-        for index, chunk in enumerate(_chunks(batch, size)):
-            results.append(send(chunk, chunk_key(idempotency_key, index, count)))
-            shown.advance(len(chunk), _nbytes(chunk))
-    return combine(table, idempotency_key, results)
+    chunks = list(_chunks(batch, size))
+    return len(batch), [
+        (chunk, chunk_key(idempotency_key, index, count)) for index, chunk in enumerate(chunks)
+    ]
 
 
-def _nbytes(chunk: pa.Table | list[dict[str, Any]]) -> int:
+def chunk_nbytes(chunk: pa.Table | list[dict[str, Any]]) -> int:
+    """The bytes a chunk puts on the wire, roughly (for the MB/s shown)."""
     return chunk.nbytes if not isinstance(chunk, list) else len(json.dumps(chunk, default=str))
 
 
@@ -306,9 +327,7 @@ def upload_file(
     """
     from catalog.hashing import sha256_file
 
-    source = Path(path)
-    if not source.is_file():
-        raise NotFound(f"file {source} not found", path=str(source))
+    source = upload_source(path)
     digest = sha256 or sha256_file(source)[0]
     size = source.stat().st_size
     for attempt in range(1, attempts + 1):
@@ -321,5 +340,22 @@ def upload_file(
         except Exception as exc:
             if attempt == attempts or not retryable(exc):
                 raise
-            time.sleep(min(2.0, 0.25 * 2**attempt))
+            time.sleep(retry_delay(attempt))
     return digest
+
+
+def upload_source(path: str | Path) -> Path:
+    """``path`` as the file an upload sends.
+
+    Raises:
+        NotFound: ``path`` is not a file.
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise NotFound(f"file {source} not found", path=str(source))
+    return source
+
+
+def retry_delay(attempt: int) -> float:
+    """Seconds to wait after failed attempt ``attempt`` (1, 2, …) of an upload."""
+    return min(2.0, 0.25 * 2.0**attempt)

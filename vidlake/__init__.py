@@ -9,8 +9,9 @@
         snapshot = lake.cut("recipe.yaml", progress=True)
         table = lake.sql("SELECT count(*) AS n FROM clips")  # a pyarrow.Table
 
-:class:`Client` (httpx, sync) needs only ``pip install vidlake[loader]`` and imports
-no FastAPI, DuckDB or pyiceberg. Its errors are the
+:class:`Client` (httpx, sync) and its async twin :class:`AsyncClient` (imported on
+first use) need only ``pip install vidlake[loader]`` and import no FastAPI, DuckDB or
+pyiceberg. Its errors are the
 :class:`~vidlake.VidlakeError` subclasses re-exported here. ``SnapshotDataset`` and
 ``StatefulLoader`` (torch) are imported on first use. docs/client.md is the guide.
 """
@@ -35,8 +36,10 @@ from vidlake.client import Client
 
 if TYPE_CHECKING:
     from loader.dataset import SnapshotDataset, StatefulLoader
+    from vidlake.async_client import AsyncClient
 
 __all__ = [
+    "AsyncClient",
     "Client",
     "Conflict",
     "Forbidden",
@@ -54,7 +57,11 @@ __all__ = [
     "VidlakeError",
 ]
 
-_LAZY = {"SnapshotDataset": "loader.dataset", "StatefulLoader": "loader.dataset"}
+_LAZY = {
+    "AsyncClient": "vidlake.async_client",
+    "SnapshotDataset": "loader.dataset",
+    "StatefulLoader": "loader.dataset",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -13,6 +13,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pyarrow as pa
@@ -167,7 +168,7 @@ def test_rows_go_as_arrow_in_chunks(live: tuple[str, World]) -> None:
 
 def test_rows_arrow_cannot_type_go_as_json(live: tuple[str, World]) -> None:
     url, world = live
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"clip_id": world.train_clips[3], "filter_name": "mixed", "filter_version": "1"},
         {"clip_id": world.train_clips[3], "filter_name": "mixed", "filter_version": 2},
     ]
@@ -218,7 +219,7 @@ def _guide_code() -> str:
     text = (REPO / "docs" / "client.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, flags=re.DOTALL)
     (example,) = [b for b in blocks if "Bring your own" in text and "put_object(path)" in b]
-    return example
+    return str(example)
 
 
 def test_the_client_guide_runs_as_written(tmp_path: Path) -> None:
@@ -271,3 +272,31 @@ def test_put_objects_uploads_in_parallel_and_reports_the_first_failure(
             lake.put_objects([paths[0], tmp_path / "missing.bin"], workers=2)
         with pytest.raises(InvalidInput, match="workers"):
             lake.put_objects(paths, workers=0)
+
+
+def test_a_plain_http_client_loads_no_ca_bundle() -> None:
+    """Loading the CA bundle was a third of ``vidlake snapshots --url``'s start-up; a
+    client of an ``http://`` server needs none, one of ``https://`` still verifies."""
+    import ssl
+
+    with Client("http://127.0.0.1:9") as plain, Client("https://lake.invalid") as tls:
+        bare = plain.http._transport._pool._ssl_context  # type: ignore[attr-defined]
+        full = tls.http._transport._pool._ssl_context  # type: ignore[attr-defined]
+    assert bare.cert_store_stats()["x509_ca"] == 0
+    assert (bare.verify_mode, bare.check_hostname) == (ssl.CERT_REQUIRED, True)
+    assert full.cert_store_stats()["x509_ca"] > 0 and full.verify_mode == ssl.CERT_REQUIRED
+
+
+def test_a_cli_command_over_http_skips_httpx_own_cli() -> None:
+    """httpx's command line (click, rich, pygments) is not imported by ``vidlake``'s."""
+    code = (
+        "import sys\n"
+        "sys.argv = ['vidlake', 'snapshots', '--url', 'http://127.0.0.1:9']\n"
+        "from service.cli import main\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'pygments', 'httpx'}))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert run.stdout.strip().splitlines()[-1] == "['httpx']", run.stdout + run.stderr[-2000:]
