@@ -20,6 +20,12 @@ share the file: syncs are serialised by SQLite's write lock and re-check ``meta`
 inside it. A plan made against a view newer than the table it commits to loses its
 commit race and is re-planned (:mod:`catalog.commit`), so answers stay exact.
 
+Look-ups and inserts take a whole batch in one statement: the digests go in as one
+packed blob (:class:`~catalog.key_index_rows.Packed`) that a recursive CTE reads key by
+key, so there is no Python object, parameter or statement text per key. Keys our own
+commits added are also answered from bounded memory (:mod:`catalog.key_index_recent`),
+emptied whenever the view's history is anything but appends.
+
 Near-duplicates: the ``bands`` table is the exact pigeonhole index of
 :func:`catalog.rules.near_duplicate_pairs` on disk; candidates are verified against
 the stored frames, and groups are read by walking ``edges`` from the matched assets,
