@@ -329,7 +329,7 @@ class KeyStore:
         )
         with self._lock:
             conn = self._db()
-            for group in packed_digests(keys):
+            for group in (p for g in packed_digests(keys) for p in g.parts()):
                 known = self._recent.known(view, group)
                 out[group.rows[known]] = True
                 if known.all():
@@ -350,7 +350,7 @@ class KeyStore:
         )
         with self._lock:
             conn = self._db()
-            for group in packed_digests(asset_ids):
+            for group in (p for g in packed_digests(asset_ids) for p in g.parts()):
                 rows = group.rows.tolist()
                 for i, split in conn.execute(query, group.params):
                     out[rows[i]] = split

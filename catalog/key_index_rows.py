@@ -56,6 +56,11 @@ _HEX_NIBBLE[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, 
 SERIES = "WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i + 1 < ?2) "
 
 
+#: Keys per packed statement: 1M keys are 16-32 MB of blob, far below SQLite's 1 GB
+#: bound on a value (a batch may hold 50M cells).
+PART_KEYS = 1 << 20
+
+
 @dataclass(frozen=True)
 class Packed:
     """Key digests of one width, back to back, and the batch row of each.
@@ -80,6 +85,15 @@ class Packed:
         flat = np.frombuffer(self.data, dtype=f"S{self.width}")
         order = np.argsort(flat, kind="stable")
         return Packed(self.width, flat[order].tobytes(), self.rows[order])
+
+    def parts(self) -> list[Packed]:
+        """This group in parts of at most :data:`PART_KEYS` keys (SQLite bounds a
+        blob's size)."""
+        w, size = self.width, PART_KEYS
+        return [
+            Packed(w, self.data[j * w : (j + size) * w], self.rows[j : j + size])
+            for j in range(0, len(self.rows), size)
+        ]
 
     def take(self, picks: NDArray[np.int64]) -> Packed:
         """The keys at positions ``picks`` of this group."""
@@ -207,7 +221,7 @@ def rows_for(
 def _insert_keys(table: str, keys: list[Packed]) -> Writes:
     """One-column rows of key digests, one statement per digest width, in key order."""
     insert = f"{SERIES}INSERT OR IGNORE INTO {table} SELECT substr(?1, i * ?3 + 1, ?3) FROM s"
-    return [(insert, group.sorted()) for group in keys]
+    return [(insert, part) for group in keys for part in group.sorted().parts()]
 
 
 def _pairs(a: list[Any], b: list[Any]) -> Iterator[tuple[str, str]]:

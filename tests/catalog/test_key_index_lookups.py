@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from catalog import key_index_rows
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
 from catalog.errors import InvalidBatch
@@ -130,3 +131,24 @@ def test_recent_keys_answer_only_whole_digests_of_a_traceable_state() -> None:
     recent.added("clips", ("uuid", 5, "rule"), ("uuid", 6, "rule"), [_packed(fresh[3:])])
     held = recent.known("clips", _packed(fresh))
     assert held.sum() <= 4 and held[3:].all()  # bounded, the newest kept
+
+
+def test_a_batch_larger_than_one_statement_is_sent_in_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite bounds a blob at 1 GB, less than a batch may hold: the packed keys go
+    in parts, with the same answers and the same index rows."""
+    monkeypatch.setattr(key_index_rows, "PART_KEYS", 5)
+    config = CatalogConfig.embedded(tmp_path / "lake")
+    with VidlakeCatalog.open(config) as cat:
+        ingest(cat, 0, 6, 6)
+        known = _clip_ids(cat).to_pylist()
+        absent = [hashlib.sha256(str(i).encode()).hexdigest()[:32] for i in range(7)]
+        keys = pa.array([*absent[:3], *known, *absent[3:]])
+        for expect in (False, True):
+            found = cat._keys.has("clips", keys, expect=expect)
+            assert found.tolist() == [k in known for k in keys.to_pylist()]
+    with VidlakeCatalog.open(config) as cat:  # nothing in memory: every key from SQLite
+        cat._keys.sync("clips")
+        assert cat._keys.has("clips", pa.array(known)).all()
+        assert cat.add_scores(_scores(known)).inserted == len(known)
