@@ -5,7 +5,7 @@ or latent batch names the clips the batch before it wrote. Each such look-up in 
 on-disk index (:mod:`catalog.key_index`) is a B-tree probe in SQLite, 3-7 µs, which is
 more than the Parquet write of the row it checks. :class:`RecentKeys` answers those
 from bounded runs of digests per view (one sorted run per commit, oldest dropped first
-beyond ``capacity`` digests: 8 bytes plus the digest a key, ~25 MB a view at the
+beyond ``capacity`` digests: 8 bytes plus the digest a key, 24-40 MB a view at the
 default; runs of similar size are merged, so a look-up searches O(log n) of them),
 searched in numpy; the index answers the rest.
 
