@@ -108,7 +108,7 @@ class Planner:
     def plan_clip_refs(self, batch: pa.Table, tbl: Table) -> Plan:
         """Scores and captions: every row's clip exists."""
         self._keys.sync("clips")
-        if (row := first_bad(self._keys.has("clips", batch["clip_id"]))) is not None:
+        if (row := first_bad(self._keys.has("clips", batch["clip_id"], expect=True))) is not None:
             raise InvalidBatch(
                 f"row {row}, field 'clip_id': unknown clip {batch['clip_id'][row]}",
                 row=row,
@@ -121,7 +121,9 @@ class Planner:
         self._keys.sync("assets")
         for col in ("asset_id", "related_asset_id"):
             if col in batch.column_names:
-                known = to_numpy(pc.is_null(batch[col])) | self._keys.has("assets", batch[col])
+                known = to_numpy(pc.is_null(batch[col])) | self._keys.has(
+                    "assets", batch[col], expect=True
+                )
                 if (row := first_bad(known)) is not None:
                     raise InvalidBatch(
                         f"row {row}, field {col!r}: unknown asset", row=row, field=col
@@ -286,7 +288,7 @@ class Planner:
         """Latents (after :meth:`prepare_latents`): the clip exists; a latent already
         present (clip, rung, tokenizer, member SHA-256) is a duplicate."""
         self._keys.sync("clips")
-        if (row := first_bad(self._keys.has("clips", batch["clip_id"]))) is not None:
+        if (row := first_bad(self._keys.has("clips", batch["clip_id"], expect=True))) is not None:
             raise InvalidBatch(
                 f"row {row}, field 'clip_id': unknown clip", row=row, field="clip_id"
             )

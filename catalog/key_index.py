@@ -20,6 +20,12 @@ share the file: syncs are serialised by SQLite's write lock and re-check ``meta`
 inside it. A plan made against a view newer than the table it commits to loses its
 commit race and is re-planned (:mod:`catalog.commit`), so answers stay exact.
 
+Look-ups and inserts take a whole batch in one statement: the digests go in as one
+packed blob (:class:`~catalog.key_index_rows.Packed`) that a recursive CTE reads key by
+key, so there is no Python object, parameter or statement text per key. Keys our own
+commits added are also answered from bounded memory (:mod:`catalog.key_index_recent`),
+emptied whenever the view's history is anything but appends.
+
 Near-duplicates: the ``bands`` table is the exact pigeonhole index of
 :func:`catalog.rules.near_duplicate_pairs` on disk; candidates are verified against
 the stored frames, and groups are read by walking ``edges`` from the matched assets,
@@ -49,11 +55,24 @@ from catalog import rules
 from catalog.backends import BACKEND_ERRORS
 from catalog.config import CatalogConfig
 from catalog.errors import StorageError
-from catalog.key_index_rows import CLEAR, SCHEMA, Writes, digests, rows_for
+from catalog.key_index_recent import RecentKeys
+from catalog.key_index_rows import (
+    CLEAR,
+    SCHEMA,
+    SERIES,
+    Packed,
+    Writes,
+    digests,
+    packed_digests,
+    rows_for,
+    view_keys,
+)
 from catalog.keycache import snapshot_id
 
 __all__ = ["VIEWS", "KeyStore", "Matches", "View", "index_path"]
 
+#: The views :meth:`KeyStore.has` looks keys up in (each a table of the same name).
+_KEYED = frozenset({"assets", "clips", "latents"})
 #: Keys per ``IN (...)`` list (below SQLite's 32766 bound on parameters).
 _CHUNK = 8192
 #: SQLite page cache per connection, KiB (negative: the PRAGMA's unit).
@@ -134,6 +153,7 @@ class KeyStore:
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
+        self._recent = RecentKeys()
 
     # -- connection ---------------------------------------------------------------
     def _db(self) -> sqlite3.Connection:
@@ -190,6 +210,7 @@ class KeyStore:
                     for statement in statements:
                         conn.execute(statement)
                 conn.execute("DELETE FROM meta")
+            self._recent.clear()
             self._db().execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     # -- keeping views current ----------------------------------------------------
@@ -204,11 +225,17 @@ class KeyStore:
         target = tbl if tbl is not None else self._load(spec.table)
         with self._lock:
             try:
-                if self._meta(self._db(), view) != self._wanted(target):
+                meta = self._meta(self._db(), view)
+                if meta != self._wanted(target):
                     with self._write() as conn:
-                        self._sync_locked(conn, view, spec, target)
+                        meta = self._sync_locked(conn, view, spec, target)
             except BACKEND_ERRORS as exc:
                 raise StorageError(f"reading {spec.table} failed: {exc}", table=spec.table) from exc
+            if view in _KEYED:
+                now = None if meta is None else meta[1]
+                self._recent.synced(
+                    view, meta, lambda held: _append_runs(target, held, now) is not None
+                )
 
     def _wanted(self, tbl: Table) -> tuple[str, int | None, str]:
         return str(tbl.metadata.table_uuid), snapshot_id(tbl), self._rule_key
@@ -219,14 +246,17 @@ class KeyStore:
         ).fetchone()
         return None if row is None else (str(row[0]), row[1], str(row[2]))
 
-    def _sync_locked(self, conn: sqlite3.Connection, view: str, spec: View, tbl: Table) -> None:
+    def _sync_locked(
+        self, conn: sqlite3.Connection, view: str, spec: View, tbl: Table
+    ) -> tuple[str, int | None, str]:
+        """Bring ``view`` to ``tbl``'s snapshot (or hold a newer one); its state now."""
         meta = self._meta(conn, view)
         held = None if meta is None else meta[1]
         if held is not None and tbl.metadata.snapshot_by_id(held) is None:
             tbl = self._load(spec.table)  # the index holds a newer snapshot than ``tbl``
         wanted = self._wanted(tbl)
         if meta == wanted:
-            return
+            return wanted
         runs = None
         if meta is not None and meta[0] == wanted[0] and meta[2] == wanted[2]:
             runs = _append_runs(tbl, meta[1], wanted[1])
@@ -249,49 +279,81 @@ class KeyStore:
                 ).to_arrow()
                 _run(conn, rows_for(view, added, self._rule))
         _set_meta(conn, view, wanted)
+        return wanted
 
     def advance(
         self, table: str, base: int | None, parent: int | None, new: int, rows: pa.Table
     ) -> None:
         """After our own commit ``new`` of ``rows`` onto ``base``: add them to the
         views of ``table`` that are at ``base`` (others catch up at their next sync)."""
+        if base != parent:
+            return
         with self._lock:
             for view, spec in VIEWS.items():
-                if spec.table != table or base != parent:
-                    continue
-                with self._write() as conn:
-                    meta = self._meta(conn, view)
-                    if meta is None or meta[1] != base or meta[2] != self._rule_key:
-                        continue
-                    _run(conn, rows_for(view, rows.select(list(spec.columns)), self._rule))
-                    _set_meta(conn, view, (meta[0], new, meta[2]))
+                if spec.table == table:
+                    self._advance_view(view, spec, base, new, rows)
+
+    def _advance_view(
+        self, view: str, spec: View, base: int | None, new: int, rows: pa.Table
+    ) -> None:
+        groups = packed_digests(view_keys(view, rows)) if view in _KEYED else None
+        with self._write() as conn:
+            meta = self._meta(conn, view)
+            if meta is None or meta[1] != base or meta[2] != self._rule_key:
+                return
+            plain = groups if view != "assets" else None
+            _run(conn, rows_for(view, rows.select(list(spec.columns)), self._rule, plain))
+            _set_meta(conn, view, (meta[0], new, meta[2]))
+        if groups is not None:
+            self._recent.added(view, meta, (meta[0], new, meta[2]), groups)
 
     # -- lookups (after sync) -----------------------------------------------------
-    def has(self, view: str, keys: pa.Array | pa.ChunkedArray) -> NDArray[np.bool_]:
+    def has(
+        self, view: str, keys: pa.Array | pa.ChunkedArray, *, expect: bool = False
+    ) -> NDArray[np.bool_]:
         """Whether each key is in ``view`` (``clips``: clip ids; ``latents``: latent
-        keys; ``assets``: asset ids); a null key is absent."""
-        wanted = _digests_or_none(keys)
-        found = self._by_digest(f"SELECT k FROM {view}", wanted)
-        return np.array([d in found for d in wanted], dtype=np.bool_)
+        keys; ``assets``: asset ids); a null key is absent.
+
+        One statement per batch (:data:`~catalog.key_index_rows.SERIES`) returns the
+        rows of the rarer answer: ``expect=True`` (a reference check: most keys are
+        present) returns the absent ones, ``expect=False`` (a duplicate check) the
+        present ones. The answer is the same either way.
+        """
+        if view not in _KEYED:
+            raise ValueError(f"no keys to look up in view {view!r}")
+        out = np.zeros(len(keys), dtype=np.bool_)
+        test = "NOT EXISTS" if expect else "EXISTS"
+        query = (
+            f"{SERIES}SELECT i FROM s WHERE {test}"
+            f" (SELECT 1 FROM {view} WHERE k = substr(?1, i * ?3 + 1, ?3))"
+        )
+        with self._lock:
+            conn = self._db()
+            for group in (p for g in packed_digests(keys) for p in g.parts()):
+                known = self._recent.known(view, group)
+                out[group.rows[known]] = True
+                if known.all():
+                    continue
+                rest = group.take(np.flatnonzero(~known))
+                hits = np.fromiter((r[0] for r in conn.execute(query, rest.params)), np.int64)
+                if expect:
+                    out[rest.rows] = True
+                out[rest.rows[hits]] = not expect
+        return out
 
     def splits(self, asset_ids: pa.Array | pa.ChunkedArray) -> list[str | None]:
         """Each asset's split (None: unknown asset, or a null id)."""
-        wanted = _digests_or_none(asset_ids)
-        found = self._by_digest("SELECT k, split FROM assets", wanted)
-        return [None if d is None else found.get(d) for d in wanted]
-
-    def _by_digest(self, select: str, keys: list[bytes | None]) -> dict[bytes, Any]:
-        """Rows of ``select`` whose ``k`` is one of the digests ``keys`` (k → second
-        column, or k → k)."""
-        wanted = sorted({d for d in keys if d is not None})
-        out: dict[bytes, Any] = {}
+        out: list[str | None] = [None] * len(asset_ids)
+        query = (
+            f"{SERIES}SELECT s.i, a.split FROM s CROSS JOIN assets a"
+            " ON a.k = substr(?1, s.i * ?3 + 1, ?3)"
+        )
         with self._lock:
             conn = self._db()
-            for start in range(0, len(wanted), _CHUNK):
-                part = wanted[start : start + _CHUNK]
-                marks = ",".join("?" * len(part))
-                for row in conn.execute(f"{select} WHERE k IN ({marks})", part):
-                    out[row[0]] = row[1] if len(row) > 1 else row[0]
+            for group in (p for g in packed_digests(asset_ids) for p in g.parts()):
+                rows = group.rows.tolist()
+                for i, split in conn.execute(query, group.params):
+                    out[rows[i]] = split
         return out
 
     def near_duplicates(self, frames: NDArray[np.uint64], lengths: NDArray[np.int64]) -> Matches:
@@ -392,13 +454,6 @@ def index_path(config: CatalogConfig) -> Path:
     return Path.home() / ".cache" / "vidlake" / "key-index" / f"{name}.sqlite"
 
 
-def _digests_or_none(keys: pa.Array | pa.ChunkedArray) -> list[bytes | None]:
-    """Key digests, None at null keys."""
-    if keys.null_count == 0:
-        return list(digests(keys))
-    return [None if k is None else digests(pa.array([k]))[0] for k in keys.to_pylist()]
-
-
 def _frame_matrix(packed: list[bytes], window: int) -> tuple[NDArray[np.uint64], NDArray[np.int64]]:
     """Stored frames (big-endian) back to a padded frame matrix."""
     return rules.fingerprint_matrix(pa.array(packed, pa.large_binary()), window)
@@ -414,7 +469,10 @@ def _local_edges(
 
 def _run(conn: sqlite3.Connection, writes: Writes) -> None:
     for statement, rows in writes:
-        conn.executemany(statement, rows)
+        if isinstance(rows, Packed):
+            conn.execute(statement, rows.params)
+        else:
+            conn.executemany(statement, rows)
 
 
 def _set_meta(conn: sqlite3.Connection, view: str, meta: tuple[str, int | None, str]) -> None:

@@ -24,23 +24,86 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numpy.typing import NDArray
 
 from catalog import rules
 from catalog.keycache import combined, latent_key, to_numpy
 
-__all__ = ["SCHEMA", "Writes", "digests", "rows_for"]
+__all__ = [
+    "SCHEMA",
+    "SERIES",
+    "Packed",
+    "Writes",
+    "digests",
+    "packed_digests",
+    "rows_for",
+    "view_keys",
+]
 
 _HEX_ID = re.compile(r"[0-9a-f]{32}|[0-9a-f]{64}")
 _HEX_NIBBLE = np.full(256, 255, dtype=np.uint8)
 _HEX_NIBBLE[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
 
-#: (SQL statement, parameter rows) pairs, run with ``executemany`` in one transaction.
-Writes: TypeAlias = list[tuple[str, Iterable[tuple[Any, ...]]]]
+#: The row numbers ``i`` = 0 .. ``?2`` - 1 of a packed key list (:class:`Packed`): one
+#: statement reads every key of a batch as ``substr(?1, i * ?3 + 1, ?3)``, with no
+#: Python object, parameter list or statement text per key.
+SERIES = "WITH RECURSIVE s(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM s WHERE i + 1 < ?2) "
+
+
+#: Keys per packed statement: 1M keys are 16-32 MB of blob, far below SQLite's 1 GB
+#: bound on a value (a batch may hold 50M cells).
+PART_KEYS = 1 << 20
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Key digests of one width, back to back, and the batch row of each.
+
+    Attributes:
+        width: Bytes per digest.
+        data: ``len(rows) * width`` bytes, key ``j`` at ``data[j * width:]``.
+        rows: The batch row each digest belongs to.
+    """
+
+    width: int
+    data: bytes
+    rows: NDArray[np.int64]
+
+    @property
+    def params(self) -> tuple[bytes, int, int]:
+        """``?1``, ``?2``, ``?3`` of a :data:`SERIES` statement."""
+        return self.data, len(self.rows), self.width
+
+    def sorted(self) -> Packed:
+        """The same keys in byte order (B-tree inserts in key order)."""
+        flat = np.frombuffer(self.data, dtype=f"S{self.width}")
+        order = np.argsort(flat, kind="stable")
+        return Packed(self.width, flat[order].tobytes(), self.rows[order])
+
+    def parts(self) -> list[Packed]:
+        """This group in parts of at most :data:`PART_KEYS` keys (SQLite bounds a
+        blob's size)."""
+        w, size = self.width, PART_KEYS
+        return [
+            Packed(w, self.data[j * w : (j + size) * w], self.rows[j : j + size])
+            for j in range(0, len(self.rows), size)
+        ]
+
+    def take(self, picks: NDArray[np.int64]) -> Packed:
+        """The keys at positions ``picks`` of this group."""
+        flat = np.frombuffer(self.data, dtype=f"V{self.width}")
+        return Packed(self.width, flat[picks].tobytes(), self.rows[picks])
+
+
+#: (SQL statement, parameter rows) pairs run with ``executemany``, or (a
+#: :data:`SERIES` statement, packed keys) pairs run once, in one transaction.
+Writes: TypeAlias = list[tuple[str, Iterable[tuple[Any, ...]] | Packed]]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -86,21 +149,68 @@ def digests(keys: pa.Array | pa.ChunkedArray) -> list[bytes]:
     return [_digest(k) for k in arr.to_pylist()]
 
 
+def packed_digests(keys: pa.Array | pa.ChunkedArray) -> list[Packed]:
+    """The key digests of the non-null keys, as :func:`digests` makes them, packed by
+    width (usually one group: a column of hex ids). Vectorised but for the SHA-256 of
+    keys that are not hex ids (one ``hashlib`` call each, over the Arrow buffer)."""
+    arr = combined(keys).cast(pa.large_string())
+    n = len(arr)
+    if n == 0:
+        return []
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + n + 1]
+    buffer = arr.buffers()[2]
+    data = np.frombuffer(buffer, dtype=np.uint8) if buffer is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    valid = np.ones(n, dtype=np.bool_) if arr.null_count == 0 else to_numpy(pc.is_valid(arr))
+    hashed = valid.copy()
+    groups: list[Packed] = []
+    for width in (32, 64):
+        rows = np.flatnonzero(valid & (lengths == width))
+        if len(rows) == 0:
+            continue
+        if len(rows) == n and offsets[-1] - offsets[0] == n * width:
+            text = data[offsets[0] : offsets[-1]].reshape(n, width)  # contiguous: no copy
+        else:
+            text = data[offsets[rows][:, None] + np.arange(width)]
+        nibbles = _HEX_NIBBLE[text]
+        hexed = (nibbles != 255).all(axis=1)
+        if hexed.any():
+            nib = nibbles[hexed]
+            raw = ((nib[:, 0::2] << 4) | nib[:, 1::2]).astype(np.uint8)
+            groups.append(Packed(width // 2, raw.tobytes(), rows[hexed].astype(np.int64)))
+            hashed[rows[hexed]] = False
+    rows = np.flatnonzero(hashed)
+    if len(rows):
+        utf8 = memoryview(buffer if buffer is not None else b"")  # slices copy nothing
+        starts, ends = offsets[rows].tolist(), offsets[rows + 1].tolist()
+        sha = hashlib.sha256
+        out = b"".join([sha(utf8[a:b]).digest()[:20] for a, b in zip(starts, ends, strict=True)])
+        groups.append(Packed(20, out, rows.astype(np.int64)))
+    return groups
+
+
 def _digest(key: str) -> bytes:
     if _HEX_ID.fullmatch(key):
         return bytes.fromhex(key)
     return hashlib.sha256(key.encode()).digest()[:20]
 
 
-def rows_for(view: str, rows: pa.Table, rule: rules.NearDupRule) -> Writes:
-    """The index rows of ``rows`` (a table's key columns) for ``view``."""
-    if view == "clips":
-        return [("INSERT OR IGNORE INTO clips VALUES (?)", _singles(rows["clip_id"]))]
+def view_keys(view: str, rows: pa.Table) -> pa.Array | pa.ChunkedArray:
+    """The keys of ``rows`` in a keyed view (``assets``, ``clips``, ``latents``)."""
     if view == "latents":
-        key = latent_key(
+        return latent_key(
             rows["clip_id"], rows["rung"], rows["tokenizer_version"], rows["member_sha256"]
         )
-        return [("INSERT OR IGNORE INTO latents VALUES (?)", _singles(key))]
+    return rows["asset_id" if view == "assets" else "clip_id"]
+
+
+def rows_for(
+    view: str, rows: pa.Table, rule: rules.NearDupRule, keys: list[Packed] | None = None
+) -> Writes:
+    """The index rows of ``rows`` (a table's key columns) for ``view``; ``keys``:
+    their :func:`packed_digests` when the caller has them (clips, latents)."""
+    if view in ("clips", "latents"):
+        return _insert_keys(view, packed_digests(view_keys(view, rows)) if keys is None else keys)
     if view == "near_dup_events":
         links = rows.filter(pc.equal(rows["event"], "near_duplicate"))
         pairs = _pairs(links["asset_id"].to_pylist(), links["related_asset_id"].to_pylist())
@@ -108,9 +218,10 @@ def rows_for(view: str, rows: pa.Table, rule: rules.NearDupRule) -> Writes:
     return _asset_rows(rows, rule)
 
 
-def _singles(keys: pa.Array | pa.ChunkedArray) -> list[tuple[bytes]]:
-    """One-column rows of key digests, sorted (B-tree inserts in key order)."""
-    return [(d,) for d in sorted(digests(keys))]
+def _insert_keys(table: str, keys: list[Packed]) -> Writes:
+    """One-column rows of key digests, one statement per digest width, in key order."""
+    insert = f"{SERIES}INSERT OR IGNORE INTO {table} SELECT substr(?1, i * ?3 + 1, ?3) FROM s"
+    return [(insert, part) for group in keys for part in group.sorted().parts()]
 
 
 def _pairs(a: list[Any], b: list[Any]) -> Iterator[tuple[str, str]]:
