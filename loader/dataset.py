@@ -65,15 +65,13 @@ from loader.corrupt import (
 from loader.decode import (
     copy_into,
     decode_file,
-    keep_frames,
-    pread_frames_into,
-    safetensors_specs_fd,
     sniff_format,
     trim_frames,
 )
 from loader.device import check_device, prefetch_to_device
 from loader.leases import LeaseSet
 from loader.plan import PlanReader, StepInfo, open_plan
+from loader.rowread import read_safetensors_row
 from loader.source import SnapshotSource, open_source
 
 __all__ = ["SnapshotDataset", "StatefulLoader"]
@@ -476,20 +474,15 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
 
         keys = list(rec["tensor_keys"])
         frames = rec.get("num_frames")  # the bucket's: keep that many leading frames
-        path = held.path(member, n, fetch)
         if rec["format"] == "safetensors":
-            # Header only, then each tensor's bytes straight into the batch: one copy.
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                specs = safetensors_specs_fd(fd, n, keys, f"safetensors latent {member}")
-                layout = {k: (s.dtype, keep_frames(s.shape, frames)) for k, s in specs.items()}
-                dest = buffer.row_bytes(i, layout)
-                if dest is not None:
-                    for k, spec in specs.items():
-                        pread_frames_into(fd, spec, layout[k][1], dest[k])
-                    return None
-            finally:
-                os.close(fd)
+            # Header only, then each tensor's bytes straight into the batch: one copy,
+            # and a hit's hash (when due) taken over those bytes (loader.rowread).
+            misfit = read_safetensors_row(held, member, n, fetch, keys, frames, buffer, i)
+            if misfit is None:
+                return None
+            path = misfit
+        else:
+            path = held.path(member, n, fetch)
         tensors = decode_file(path, rec["format"], keys, sha256=member)
         tensors = {k: trim_frames(t, frames) for k, t in tensors.items()}
         slots = buffer.slots(i, {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()})
