@@ -52,7 +52,15 @@ from numpy.typing import NDArray
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput
-from loader.batch import BatchBuffer, BufferPool, Outcome, PartResult, Step, outcome
+from loader.batch import (
+    BatchBuffer,
+    BufferPool,
+    Outcome,
+    PartResult,
+    Step,
+    outcome,
+    shared_pool,
+)
 from loader.cache import NodeCache
 from loader.corrupt import (
     Corrupt,
@@ -204,7 +212,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
 
     def _buffer_pool(self) -> BufferPool:
         if self._buffers is None:
-            self._buffers = BufferPool(keep=self.prefetch_steps + 3)
+            self._buffers = shared_pool(keep=self.prefetch_steps + 3)
         return self._buffers
 
     def _open_source(self) -> SnapshotSource:
@@ -333,8 +341,8 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         plan = self.plan
         cache = self._node_cache()
         executor = ThreadPoolExecutor(self.prefetch_threads, thread_name_prefix="vidlake-prefetch")
-        # In the training process, recycle batch memory (see BufferPool), across this
-        # dataset's iterators too: a new epoch or a resume writes into warm pages.
+        # In the training process, recycle batch memory (see BufferPool), across every
+        # dataset and iterator of the process: a new epoch or a resume writes into warm pages.
         buffers = self._buffer_pool() if track else None
         pending: collections.deque[Step] = collections.deque()
         todo = iter(steps)
