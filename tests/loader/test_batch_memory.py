@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import mmap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -52,7 +53,12 @@ def test_a_second_dataset_writes_into_the_blocks_the_first_one_let_go(
     )
     made: list[int] = []
     real = batch_module._new_block
-    monkeypatch.setattr(batch_module, "_new_block", lambda n: made.append(n) or real(n))
+
+    def counted(nbytes: int) -> Any:
+        made.append(nbytes)
+        return real(nbytes)
+
+    monkeypatch.setattr(batch_module, "_new_block", counted)
 
     def one_pass() -> int:
         ds = SnapshotDataset(

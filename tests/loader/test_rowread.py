@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import loader.cache as cache_module
+from catalog.hashing import sha256_file
 from loader.cache import NodeCache, forget_verified
 from loader.dataset import SnapshotDataset
 from manifests.synthetic import SynthSnapshot, write_snapshot
@@ -45,7 +46,7 @@ def _latents(snap: SynthSnapshot, cache: Path, **kw: Any) -> list[torch.Tensor]:
 
 def _count_file_hashes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
-    real = cache_module.sha256_file
+    real = sha256_file
 
     def counted(path: str | Path) -> tuple[str, int]:
         seen.append(os.fspath(path))
