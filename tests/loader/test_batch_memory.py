@@ -67,7 +67,7 @@ def test_a_second_dataset_writes_into_the_blocks_the_first_one_let_go(
             cache_dir=tmp_path / "node",
             cache_budget_bytes=1 << 30,
             cache_reserve_bytes=0,
-            prefetch_steps=1,
+            prefetch_steps=0,  # no overlap: the blocks a pass needs do not vary with timing
         )
         steps = sum(1 for _ in ds)
         gc.collect()
@@ -75,6 +75,6 @@ def test_a_second_dataset_writes_into_the_blocks_the_first_one_let_go(
 
     assert one_pass() == 4
     first = len(made)
-    assert 0 < first <= 4
+    assert 0 < first <= 2  # the batch the consumer holds, and the next one
     assert one_pass() == 4
     assert len(made) == first  # every batch of the second pass in recycled memory
