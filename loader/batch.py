@@ -1,6 +1,7 @@
 """Assembling one step's batch: pooled tensor memory, in-place rows, the final dict.
 
-:class:`BufferPool` recycles the memory of batch tensors the consumer let go of;
+:class:`BufferPool` recycles the memory of batch tensors the consumer let go of (one
+per process, :func:`shared_pool`);
 :class:`BatchBuffer` holds one step's tensors, written in place row by row by the
 fetch threads of :class:`loader.dataset.SnapshotDataset`; :class:`Step` is one step in
 flight and :meth:`Step.assemble` turns it into the batch a training loop receives.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import mmap
+import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -35,6 +37,7 @@ __all__ = [
     "Pending",
     "Step",
     "outcome",
+    "shared_pool",
 ]
 
 #: Keys of a batch that are not tensors from the latent (tensor keys may not use them).
@@ -126,6 +129,33 @@ class BufferPool:
             if len(blocks) < self.keep:
                 blocks.append(block)
 
+
+_SHARED: BufferPool | None = None
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_pool(keep: int) -> BufferPool:
+    """The process's one :class:`BufferPool`, keeping at least ``keep`` free blocks of
+    each size. Shared by every dataset and iterator of the process: a new dataset
+    (a new epoch's, an evaluation's, a benchmark pass's) writes into pages an earlier
+    one already faulted in, instead of fresh ones at a fault per page. What it retains
+    is bounded as before: ``keep`` blocks per batch size."""
+    global _SHARED
+    with _SHARED_LOCK:
+        if _SHARED is None:
+            _SHARED = BufferPool(keep)
+        _SHARED.keep = max(_SHARED.keep, keep)
+        return _SHARED
+
+
+def _drop_shared_pool() -> None:
+    """After fork: the child's own pool, not one whose lock another thread may hold."""
+    global _SHARED, _SHARED_LOCK
+    _SHARED, _SHARED_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_drop_shared_pool)
 
 _HUGE = 2 << 20
 

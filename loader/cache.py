@@ -696,10 +696,8 @@ class NodeCache:
             return False
         if st.st_size != size:
             return False
-        if not self.verify_hits and not force_hash:
-            return True
         fp = _fingerprint(st)
-        if not force_hash and self._verified.get(key) == fp:
+        if not force_hash and not self._hash_due(key, fp):
             return True
         try:
             digest, got = sha256_file(path)
@@ -709,6 +707,33 @@ class NodeCache:
         if digest != key or got != size:
             return False
         if after == fp:
+            self._store_fingerprint(key, fp)
+        return True
+
+    def _hash_due(self, key: str, fp: tuple[int, ...]) -> bool:
+        """Whether a hit with stat fingerprint ``fp`` must be hashed (docs/cache.md)."""
+        return self.verify_hits and self._verified.get(key) != fp
+
+    def _hash_pending(self, key: str, size: int, path: str) -> tuple[bool, tuple[int, ...] | None]:
+        """The stat half of :meth:`_check`: (size ok, the fingerprint a hash must
+        confirm, or None when none is due). The caller hashes the bytes it reads and
+        settles with :meth:`_settle`."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False, None
+        if st.st_size != size:
+            return False, None
+        fp = _fingerprint(st)
+        return True, fp if self._hash_due(key, fp) else None
+
+    def _settle(self, key: str, fp: tuple[int, ...], digest: str, st: os.stat_result) -> bool:
+        """The hash half of :meth:`_check`, for bytes the caller read and hashed
+        itself: True when ``digest`` is ``key``; the fingerprint is remembered only if
+        ``st`` (the read file's ``fstat`` after the read) is the one stat-checked."""
+        if digest != key:
+            return False
+        if _fingerprint(st) == fp:
             self._store_fingerprint(key, fp)
         return True
 

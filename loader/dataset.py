@@ -52,7 +52,15 @@ from numpy.typing import NDArray
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput
-from loader.batch import BatchBuffer, BufferPool, Outcome, PartResult, Step, outcome
+from loader.batch import (
+    BatchBuffer,
+    BufferPool,
+    Outcome,
+    PartResult,
+    Step,
+    outcome,
+    shared_pool,
+)
 from loader.cache import NodeCache
 from loader.corrupt import (
     Corrupt,
@@ -65,15 +73,13 @@ from loader.corrupt import (
 from loader.decode import (
     copy_into,
     decode_file,
-    keep_frames,
-    pread_frames_into,
-    safetensors_specs_fd,
     sniff_format,
     trim_frames,
 )
 from loader.device import check_device, prefetch_to_device
 from loader.leases import LeaseSet
 from loader.plan import PlanReader, StepInfo, open_plan
+from loader.rowread import read_safetensors_row
 from loader.source import SnapshotSource, open_source
 
 __all__ = ["SnapshotDataset", "StatefulLoader"]
@@ -206,7 +212,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
 
     def _buffer_pool(self) -> BufferPool:
         if self._buffers is None:
-            self._buffers = BufferPool(keep=self.prefetch_steps + 3)
+            self._buffers = shared_pool(keep=self.prefetch_steps + 3)
         return self._buffers
 
     def _open_source(self) -> SnapshotSource:
@@ -335,8 +341,8 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         plan = self.plan
         cache = self._node_cache()
         executor = ThreadPoolExecutor(self.prefetch_threads, thread_name_prefix="vidlake-prefetch")
-        # In the training process, recycle batch memory (see BufferPool), across this
-        # dataset's iterators too: a new epoch or a resume writes into warm pages.
+        # In the training process, recycle batch memory (see BufferPool), across every
+        # dataset and iterator of the process: a new epoch or a resume writes into warm pages.
         buffers = self._buffer_pool() if track else None
         pending: collections.deque[Step] = collections.deque()
         todo = iter(steps)
@@ -476,20 +482,15 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
 
         keys = list(rec["tensor_keys"])
         frames = rec.get("num_frames")  # the bucket's: keep that many leading frames
-        path = held.path(member, n, fetch)
         if rec["format"] == "safetensors":
-            # Header only, then each tensor's bytes straight into the batch: one copy.
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                specs = safetensors_specs_fd(fd, n, keys, f"safetensors latent {member}")
-                layout = {k: (s.dtype, keep_frames(s.shape, frames)) for k, s in specs.items()}
-                dest = buffer.row_bytes(i, layout)
-                if dest is not None:
-                    for k, spec in specs.items():
-                        pread_frames_into(fd, spec, layout[k][1], dest[k])
-                    return None
-            finally:
-                os.close(fd)
+            # Header only, then each tensor's bytes straight into the batch: one copy,
+            # and a hit's hash (when due) taken over those bytes (loader.rowread).
+            misfit = read_safetensors_row(held, member, n, fetch, keys, frames, buffer, i)
+            if misfit is None:
+                return None
+            path = misfit
+        else:
+            path = held.path(member, n, fetch)
         tensors = decode_file(path, rec["format"], keys, sha256=member)
         tensors = {k: trim_frames(t, frames) for k, t in tensors.items()}
         slots = buffer.slots(i, {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()})

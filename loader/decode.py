@@ -44,10 +44,12 @@ __all__ = [
     "pread_frames_into",
     "read_into",
     "read_member",
+    "safetensors_header_fd",
     "safetensors_specs",
     "safetensors_specs_fd",
     "sniff_format",
     "trim_frames",
+    "whole_file_order",
 ]
 
 FORMATS = ("safetensors", "pt", "npy")
@@ -252,11 +254,21 @@ def safetensors_specs_fd(
     Latents of one bucket share one header byte for byte, so parsed headers are
     memoised by their bytes (the ranges are then only checked against ``size``).
     """
+    return safetensors_header_fd(fd, size, tensor_keys, what)[0]
+
+
+def safetensors_header_fd(
+    fd: int, size: int, tensor_keys: list[str], what: str
+) -> tuple[dict[str, TensorSpec], bytes]:
+    """:func:`safetensors_specs_fd` and the header's bytes as read (the length prefix
+    and the JSON): with the tensors' bytes in file order, what the file hashes to."""
     head = os.pread(fd, _HEAD_READ, 0)
     n = int.from_bytes(head[:8], "little") if len(head) >= 8 else -1
     if not 0 < n <= min(_MAX_HEADER, size - 8):
         raise IntegrityError(f"{what}: not a safetensors file (header length {n})")
     raw = head[8 : 8 + n] if 8 + n <= len(head) else os.pread(fd, n, 8)
+    if len(raw) != n:
+        raise IntegrityError(f"{what}: header of {n} bytes, file ends after {len(raw)}")
     memo_key = (raw, tuple(tensor_keys))
     specs = _SPECS_MEMO.get(memo_key)
     if specs is None:
@@ -268,7 +280,20 @@ def safetensors_specs_fd(
     for name, spec in specs.items():
         if spec.end > size:
             raise IntegrityError(f"{what}: tensor {name!r} has an inconsistent byte range")
-    return specs
+    return specs, head[:8] + raw
+
+
+def whole_file_order(specs: dict[str, TensorSpec], header_bytes: int, size: int) -> list[str]:
+    """The tensor names in file order when they and the header tile the whole file of
+    ``size`` bytes, without gap or overlap; else ``[]`` (hashing what was read would
+    then not be hashing the file)."""
+    order = sorted(specs, key=lambda k: specs[k].start)
+    at = header_bytes
+    for name in order:
+        if specs[name].start != at:
+            return []
+        at = specs[name].end
+    return order if at == size else []
 
 
 def _parse_header(raw: bytes, n: int, tensor_keys: list[str], what: str) -> dict[str, TensorSpec]:

@@ -11,6 +11,15 @@ stat-checked and, with ``verify_hits``, hashed unless this process verified that
 file; eviction still never picks a leased entry; a process that dies holding a set is
 reclaimed like any dead lease holder.
 
+A reader that reads a whole object anyway can take the hash off the cache's hands:
+:meth:`LeaseSet.open` hands back a hit whose hash is still due together with a
+:class:`Proof`; the reader hashes the very bytes it read (from its batch buffer) and
+:meth:`LeaseSet.settle` compares the digest. Each file is then read once, not twice
+(once to hash, once to decode). A reader that cannot hash what it read calls
+:meth:`LeaseSet.prove`, which hashes the file as :meth:`path` would have. A failed
+proof drops the entry, as a failed check does; the reader then asks :meth:`path`
+again, which downloads a verified copy.
+
 A set is used by one thread, inside a ``with`` block; every path it hands out stays
 valid (not evicted) until the block ends.
 """
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from catalog.hashing import require_sha256
@@ -26,7 +36,20 @@ from catalog.hashing import require_sha256
 if TYPE_CHECKING:
     from loader.cache import Fetch, NodeCache
 
-__all__ = ["LeaseSet"]
+__all__ = ["LeaseSet", "Proof"]
+
+
+@dataclass(frozen=True)
+class Proof:
+    """A leased hit whose SHA-256 is still due: settle it with the digest of the bytes
+    read (:meth:`LeaseSet.settle`) or have the file hashed (:meth:`LeaseSet.prove`)."""
+
+    key: str
+    size: int
+    path: str
+    fingerprint: tuple[int, ...]
+    lease_id: int
+    gen: str
 
 
 class LeaseSet:
@@ -74,6 +97,47 @@ class LeaseSet:
         self._ids.append(lease_id)
         self._paths[key] = path = os.fspath(got)
         return path
+
+    def open(
+        self, key_sha256: str, size: int, fetch: Fetch, *, timeout: float | None = None
+    ) -> tuple[str, Proof | None]:
+        """:meth:`path`, except that a hit whose hash is due is not hashed: it comes
+        with a :class:`Proof` the caller must settle or prove before trusting the bytes
+        (and before :meth:`path` is asked for the same object again)."""
+        held = None if self._closed else self._held.get(key_sha256)
+        if held is None:
+            return self.path(key_sha256, size, fetch, timeout=timeout), None
+        path = self._cache._object_path(key_sha256)
+        ok, fp = self._cache._hash_pending(key_sha256, size, path)
+        if not ok:  # wrong size or gone: the ordinary path drops it and fetches again
+            return self.path(key_sha256, size, fetch, timeout=timeout), None
+        del self._held[key_sha256]
+        self._paths[key_sha256] = path
+        if fp is None:
+            return path, None
+        return path, Proof(key_sha256, size, path, fp, held[0], held[1])
+
+    def settle(self, proof: Proof, digest: str, st: os.stat_result) -> bool:
+        """Whether ``digest``, the SHA-256 of every byte of ``proof``'s object as read
+        through a file whose ``fstat`` (taken after the read) is ``st``, proves it.
+        False drops the entry (``corrupt_refetches`` + 1): :meth:`path` then fetches a
+        verified copy."""
+        if self._cache._settle(proof.key, proof.fingerprint, digest, st):
+            return True
+        self._fail(proof)
+        return False
+
+    def prove(self, proof: Proof) -> bool:
+        """Hash ``proof``'s file as :meth:`path` does; as :meth:`settle` otherwise."""
+        if self._cache._check(proof.key, proof.size, proof.path, force_hash=True):
+            return True
+        self._fail(proof)
+        return False
+
+    def _fail(self, proof: Proof) -> None:
+        self._paths.pop(proof.key, None)
+        self._ids.remove(proof.lease_id)
+        self._cache._drop_corrupt(proof.key, proof.gen, proof.lease_id, was_hit=True)
 
     def close(self) -> None:
         """Return every lease of the set in one transaction. Idempotent."""

@@ -1,0 +1,117 @@
+"""Hits hashed from the bytes read into the batch, not by a second read (issue 16).
+
+With ``verify_hits`` a hit this process has not verified used to be hashed by reading
+the whole file, then read again into the batch. Now the hash is taken over the header
+and the row's bytes as read: the cache's file hash (``sha256_file``) runs for no hit,
+and a corrupt byte anywhere in the file is still caught and refetched.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import loader.cache as cache_module
+from catalog.hashing import sha256_file
+from loader.cache import NodeCache, forget_verified
+from loader.dataset import SnapshotDataset
+from manifests.synthetic import SynthSnapshot, write_snapshot
+
+MB = 1 << 20
+
+
+def _snapshot(tmp_path: Path, shape: tuple[int, ...] = (4, 9, 8, 8)) -> SynthSnapshot:
+    return write_snapshot(
+        tmp_path / "store",
+        num_rows=16,
+        num_steps=2,
+        batch_size=8,
+        num_buckets=1,
+        num_streams=1,
+        caption_variants=1,
+        latent_shape=shape,
+    )
+
+
+def _latents(snap: SynthSnapshot, cache: Path, **kw: Any) -> list[torch.Tensor]:
+    ds = SnapshotDataset(
+        snap.url, 1, cache_dir=cache, cache_budget_bytes=64 * MB, cache_reserve_bytes=0, **kw
+    )
+    return [b["latent"].clone() for b in ds]
+
+
+def _count_file_hashes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    seen: list[str] = []
+    real = sha256_file
+
+    def counted(path: str | Path) -> tuple[str, int]:
+        seen.append(os.fspath(path))
+        return real(path)
+
+    monkeypatch.setattr(cache_module, "sha256_file", counted)
+    return seen
+
+
+def _objects(cache: Path) -> list[Path]:
+    return sorted((cache / "latents" / "objects").glob("*/*"))
+
+
+def _stats(cache: Path) -> dict[str, Any]:
+    c = NodeCache(cache / "latents", None)
+    try:
+        return c.stats()
+    finally:
+        c.close()
+
+
+def test_a_verified_hit_is_hashed_from_the_batch_not_by_reading_the_file_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = _snapshot(tmp_path)
+    cold = _latents(snap, tmp_path / "node")
+    forget_verified()
+    hashes = _count_file_hashes(monkeypatch)
+    warm = _latents(snap, tmp_path / "node", verify_hits=True)
+    assert hashes == []
+    assert all(torch.equal(a, b) for a, b in zip(cold, warm, strict=True))
+    # The digests proved the files: a second pass has nothing left to hash.
+    verified = cache_module._verified_for(tmp_path / "node" / "latents")
+    assert all(verified.get(p.name) is not None for p in _objects(tmp_path / "node"))
+    assert _stats(tmp_path / "node")["corrupt_refetches"] == 0
+
+
+@pytest.mark.parametrize("where", ["data", "header"])
+def test_a_corrupt_byte_is_caught_by_the_hash_of_what_was_read_and_refetched(
+    tmp_path: Path, where: str
+) -> None:
+    snap = _snapshot(tmp_path)
+    cold = _latents(snap, tmp_path / "node")
+    victim = _objects(tmp_path / "node")[3]
+    with open(victim, "r+b") as f:
+        f.seek(20 if where == "header" else os.path.getsize(victim) - 5)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x41]))
+    forget_verified()
+    warm = _latents(snap, tmp_path / "node", verify_hits=True)
+    assert all(torch.equal(a, b) for a, b in zip(cold, warm, strict=True))
+    stats = _stats(tmp_path / "node")
+    assert stats["corrupt_refetches"] == 1
+    assert stats["misses"] == 16 + 1  # the cold fill, then the one refetch
+
+
+def test_rows_that_are_not_the_whole_file_are_hashed_as_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = _snapshot(tmp_path, shape=(4, 16, 8, 8))  # 16 frames stored, 9 delivered
+    cold = _latents(snap, tmp_path / "node")
+    assert cold[0].shape[2] == 9
+    forget_verified()
+    hashes = _count_file_hashes(monkeypatch)
+    warm = _latents(snap, tmp_path / "node", verify_hits=True)
+    assert len(hashes) == 16
+    assert all(torch.equal(a, b) for a, b in zip(cold, warm, strict=True))
