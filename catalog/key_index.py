@@ -24,19 +24,25 @@ Near-duplicates: the ``bands`` table is the exact pigeonhole index of
 :func:`catalog.rules.near_duplicate_pairs` on disk; candidates are verified against
 the stored frames, and groups are read by walking ``edges`` from the matched assets,
 so memory follows the batch and its groups, not the catalog.
+
+A damaged file (truncated, overwritten, not SQLite: ``SQLITE_CORRUPT``,
+``SQLITE_NOTADB``) is discarded with a warning and rebuilt from the tables; a lookup
+that meets the damage rebuilds the views before it answers, so a damaged index never
+answers "absent" for a committed key (every view is rebuilt, not only the one read).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +59,11 @@ from catalog.key_index_rows import CLEAR, SCHEMA, Writes, digests, rows_for
 from catalog.keycache import snapshot_id
 
 __all__ = ["VIEWS", "KeyStore", "Matches", "View", "index_path"]
+
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+#: SQLite's result codes of a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB.
+_DAMAGED = frozenset({11, 26})
 
 #: Keys per ``IN (...)`` list (below SQLite's 32766 bound on parameters).
 _CHUNK = 8192
@@ -168,7 +179,8 @@ class KeyStore:
         try:
             yield conn
         except BaseException:
-            conn.execute("ROLLBACK")
+            with suppress(sqlite3.Error):  # a damaged file may refuse even this
+                conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
 
@@ -192,14 +204,40 @@ class KeyStore:
                 conn.execute("DELETE FROM meta")
             self._db().execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
+    def _guarded(self, fn: Callable[[], R]) -> R:
+        """``fn()``; on a damaged file, discard it, rebuild every view (a caller may
+        have synced others it is about to read) and call ``fn`` again."""
+        try:
+            return fn()
+        except sqlite3.DatabaseError as exc:
+            if getattr(exc, "sqlite_errorcode", None) not in _DAMAGED:
+                raise
+            self._discard(exc)
+        for view in VIEWS:
+            self._sync(view, None)
+        return fn()
+
+    def _discard(self, exc: sqlite3.DatabaseError) -> None:
+        log.warning("key index %s is damaged (%s): rebuilding it from the tables", self.path, exc)
+        with self._lock:
+            try:
+                self.close()
+            except sqlite3.Error:
+                self._conn = None
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+
     # -- keeping views current ----------------------------------------------------
     def sync(self, view: str, tbl: Table | None = None) -> None:
         """Bring ``view`` to its table's current snapshot (``tbl``'s, when given, or a
-        newer one when the index already holds one).
+        newer one when the index already holds one); a damaged file is rebuilt.
 
         Raises:
             StorageError: reading the table failed.
         """
+        self._guarded(lambda: self._sync(view, tbl))
+
+    def _sync(self, view: str, tbl: Table | None) -> None:
         spec = VIEWS[view]
         target = tbl if tbl is not None else self._load(spec.table)
         with self._lock:
@@ -254,7 +292,13 @@ class KeyStore:
         self, table: str, base: int | None, parent: int | None, new: int, rows: pa.Table
     ) -> None:
         """After our own commit ``new`` of ``rows`` onto ``base``: add them to the
-        views of ``table`` that are at ``base`` (others catch up at their next sync)."""
+        views of ``table`` that are at ``base`` (others catch up at their next sync;
+        a damaged file is rebuilt)."""
+        self._guarded(lambda: self._advance(table, base, parent, new, rows))
+
+    def _advance(
+        self, table: str, base: int | None, parent: int | None, new: int, rows: pa.Table
+    ) -> None:
         with self._lock:
             for view, spec in VIEWS.items():
                 if spec.table != table or base != parent:
@@ -271,13 +315,13 @@ class KeyStore:
         """Whether each key is in ``view`` (``clips``: clip ids; ``latents``: latent
         keys; ``assets``: asset ids); a null key is absent."""
         wanted = _digests_or_none(keys)
-        found = self._by_digest(f"SELECT k FROM {view}", wanted)
+        found = self._guarded(lambda: self._by_digest(f"SELECT k FROM {view}", wanted))
         return np.array([d in found for d in wanted], dtype=np.bool_)
 
     def splits(self, asset_ids: pa.Array | pa.ChunkedArray) -> list[str | None]:
         """Each asset's split (None: unknown asset, or a null id)."""
         wanted = _digests_or_none(asset_ids)
-        found = self._by_digest("SELECT k, split FROM assets", wanted)
+        found = self._guarded(lambda: self._by_digest("SELECT k, split FROM assets", wanted))
         return [None if d is None else found.get(d) for d in wanted]
 
     def _by_digest(self, select: str, keys: list[bytes | None]) -> dict[bytes, Any]:
@@ -297,6 +341,9 @@ class KeyStore:
     def near_duplicates(self, frames: NDArray[np.uint64], lengths: NDArray[np.int64]) -> Matches:
         """Every existing asset the rule matches with a batch row (exact: band
         candidates, then the rule on the stored frames), and the groups they are in."""
+        return self._guarded(lambda: self._near_duplicates(frames, lengths))
+
+    def _near_duplicates(self, frames: NDArray[np.uint64], lengths: NDArray[np.int64]) -> Matches:
         with self._lock:
             conn = self._db()
             rows, cand = self._candidates(conn, frames, lengths)
