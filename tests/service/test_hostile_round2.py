@@ -10,9 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from service.app import create_app
 from service.storage_status import read_statuses
-from tests.service.support import TestClient, World
+from tests.service.support import TestClient, World, assert_error
 
 NOW = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
 
@@ -87,3 +89,64 @@ def test_dashboard_and_metrics_survive_garbage_status_files(world: World, tmp_pa
     assert page.status_code == 200, page.text[-2000:]
     assert metrics.status_code == 200, metrics.text[-2000:]
     assert "NaN" not in metrics.text.split("vidlake_storage_op", 1)[-1].split("\n# ", 1)[0]
+
+
+# -- REST: round 2's operations with hostile parameters -----------------------------------
+HOSTILE_GETS: list[tuple[str, int, str]] = [
+    ("/v1/drift/aesthetic?a=1&b=2&threshold=nan", 422, "finite"),
+    ("/v1/drift/aesthetic?a=1&b=2&threshold=-inf", 422, "finite"),
+    ("/v1/drift/aesthetic?a=1&b=2&threshold=1e309", 422, "finite"),
+    ("/v1/drift/aesthetic?a=1&b=2&bins=0", 422, "bins"),
+    ("/v1/drift/aesthetic?a=1&b=2&bins=1000000000000", 422, "bins"),
+    ("/v1/drift/aesthetic?a=1%2F..%2Fx&b=%E2%98%83", 404, "1/../x"),
+    ("/v1/drift/%00?a=1&b=2", 422, "filter name"),
+    ("/v1/drift/'%20OR%201=1--?a=1&b=2", 422, "filter name"),
+    ("/v1/drift/aesthetic?a=&b=2", 422, "query.a"),
+    ("/v1/reference-slice?clips=maybe", 422, "clips"),
+    ("/v1/snapshots/-1/quality", 422, "version"),
+    ("/v1/snapshots/0/quality", 422, "version"),
+    ("/v1/snapshots/99999999999999999999999/quality", 422, "version"),
+    ("/v1/snapshots/777/quality", 404, "777"),
+    ("/v1/dedup/centroids?embedding_model=m", 422, "num_clusters"),
+    ("/v1/dedup/centroids?embedding_model=m&num_clusters=0", 422, "num_clusters"),
+    ("/v1/dedup/centroids?embedding_model=m&num_clusters=2&cluster_size=3", 422, "exactly one"),
+    ("/dashboard/drift?filter=aesthetic&a=1&b=2&threshold=nan", 422, "finite"),
+    ("/dashboard/snapshots/abc", 422, "version"),
+]
+
+
+@pytest.mark.parametrize(("url", "status", "named"), HOSTILE_GETS)
+def test_hostile_queries_get_a_4xx_naming_the_problem(
+    client: TestClient, url: str, status: int, named: str
+) -> None:
+    error = assert_error(client.get(url), status)
+    assert named in json.dumps(error), error
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        ({"embedding_model": "m", "num_clusters": 0}, "num_clusters"),
+        ({"embedding_model": "m", "num_clusters": 10**12}, "no train vectors"),
+        ({"embedding_model": "nosuch", "num_clusters": 4}, "no train vectors"),
+        ({"embedding_model": "../../etc", "num_clusters": 4}, "no train vectors"),
+        ({"embedding_model": "m"}, "exactly one"),
+        ([], "body"),
+    ],
+)
+def test_hostile_centroid_fits_are_refused_and_fit_nothing(
+    client: TestClient, body: Any, named: str
+) -> None:
+    error = assert_error(client.post("/v1/dedup/centroids", json=body), 422)
+    assert named in json.dumps(error), error
+
+
+def test_hostile_versions_and_names_are_escaped_on_the_drift_page(client: TestClient) -> None:
+    hostile = '<img src=x onerror=alert(1)>"'
+    page = client.get("/dashboard/drift", params={"filter": "aesthetic", "a": hostile, "b": "2"})
+    assert page.status_code in (200, 404), page.text[:500]
+    assert hostile not in page.text and "&lt;img src=x" in page.text
+    bad = client.get(
+        "/dashboard/drift", params={"filter": "<script>x</script>", "a": "1", "b": "2"}
+    )
+    assert 400 <= bad.status_code < 500 and "<script>x" not in bad.text
