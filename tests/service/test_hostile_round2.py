@@ -14,7 +14,7 @@ import pytest
 
 from service.app import create_app
 from service.storage_status import read_statuses
-from tests.service.support import TestClient, World, assert_error
+from tests.service.support import TestClient, World, assert_error, build_world, world_recipe
 
 NOW = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
 
@@ -150,3 +150,46 @@ def test_hostile_versions_and_names_are_escaped_on_the_drift_page(client: TestCl
         "/dashboard/drift", params={"filter": "<script>x</script>", "a": "1", "b": "2"}
     )
     assert 400 <= bad.status_code < 500 and "<script>x" not in bad.text
+
+
+# -- a cut whose partition fails, over HTTP ---------------------------------------------
+def _wait(client: TestClient, job_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        job: dict[str, Any] = client.get(f"/v1/jobs/{job_id}").json()
+        if job["state"] in ("succeeded", "failed"):
+            return job
+        time.sleep(0.05)
+    raise AssertionError("the cut job did not finish")
+
+
+def test_a_failed_partition_fails_the_job_by_name_and_a_rerun_publishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import materializer.partition as partition
+
+    world = build_world(tmp_path / "world", snapshots=0)
+    real, calls = partition.run_partition, []
+
+    def flaky(shared: Any, scans: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise MemoryError("worker out of memory")
+        return real(shared, scans)
+
+    monkeypatch.setattr(partition, "run_partition", flaky)
+    body = {"recipe": world_recipe("flaky-cut", seed=5), "executor": "local:1", "partitions": 3}
+    with TestClient(create_app(world.settings(), catalog=world.catalog)) as client:
+        first = client.post("/v1/snapshots", json=body)
+        assert first.status_code == 202, first.text
+        job = _wait(client, first.json()["id"])
+        assert job["state"] == "failed", job
+        assert job["error"]["code"] == "storage_error", job["error"]
+        assert "partition 1 of 3" in job["error"]["message"]
+        assert job["error"]["details"]["partition"] == 1
+        assert client.get("/v1/snapshots").json()["count"] == 0  # nothing published
+        monkeypatch.setattr(partition, "run_partition", real)
+        again = client.post("/v1/snapshots", json=body)
+        assert again.status_code == 202, again.text
+        assert _wait(client, again.json()["id"])["state"] == "succeeded"
+        assert client.get("/v1/snapshots").json()["count"] == 1
