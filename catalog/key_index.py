@@ -210,12 +210,18 @@ class KeyStore:
         try:
             return fn()
         except sqlite3.DatabaseError as exc:
-            if getattr(exc, "sqlite_errorcode", None) not in _DAMAGED:
+            if not _damaged(exc):
                 raise
             self._discard(exc)
-        for view in VIEWS:
-            self._sync(view, None)
-        return fn()
+        try:
+            for view in VIEWS:
+                self._sync(view, None)
+            return fn()
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(
+                f"key index {self.path} is still unusable after a rebuild: {exc}",
+                path=str(self.path),
+            ) from exc
 
     def _discard(self, exc: sqlite3.DatabaseError) -> None:
         log.warning("key index %s is damaged (%s): rebuilding it from the tables", self.path, exc)
@@ -420,6 +426,12 @@ class KeyStore:
             frontier = sorted(more)
         ids = sorted(known)
         return ids, [known[a] for a in ids], sorted(edges)
+
+
+def _damaged(exc: sqlite3.DatabaseError) -> bool:
+    """Whether ``exc`` says the file is damaged (primary code of an extended one)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in _DAMAGED
 
 
 def index_path(config: CatalogConfig) -> Path:

@@ -101,3 +101,17 @@ def test_a_lookup_that_meets_the_damage_rebuilds_its_view_first(tmp_path: Path, 
         assert store.has("clips", ids).all()
         assert store.splits(cat.scan("assets", include_eval=True)["asset_id"]).count(None) == 0
         store.close()
+
+
+@pytest.mark.parametrize("fault", ["garbage", "truncated", "deleted"])
+def test_damage_under_an_open_catalog_never_lets_a_duplicate_in(tmp_path: Path, fault: str) -> None:
+    config = CatalogConfig.embedded(tmp_path / "lake")
+    with VidlakeCatalog.open(config) as cat:
+        ingest(cat, 0, 6, 3)
+        before = cat.scan("clips", include_eval=True).num_rows
+        FAULTS[fault](index_path(config))
+        res = cat.add_clips([clip(i, k) for i in range(4, 6) for k in range(3)])
+        assert (res.inserted, res.duplicates) == (2, 4)
+        again = cat.add_assets([asset(i) for i in range(8)])
+        assert (again.inserted, again.duplicates) == (2, 6)
+        assert cat.scan("clips", include_eval=True).num_rows == before + 2
