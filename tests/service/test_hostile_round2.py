@@ -193,3 +193,28 @@ def test_a_failed_partition_fails_the_job_by_name_and_a_rerun_publishes(
         assert again.status_code == 202, again.text
         assert _wait(client, again.json()["id"])["state"] == "succeeded"
         assert client.get("/v1/snapshots").json()["count"] == 1
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"partitions": True},
+        {"partitions": "3"},
+        {"partitions": 1.5},
+        {"partitions": 10**9},
+        {"partitions": -1},
+        {"executor": "local:0"},
+        {"executor": "local:-1"},
+        {"executor": "ray://"},
+        {"executor": "ray://127.0.0.1:1"},
+        {"executor": ["local"]},
+        {"executor": "local; rm -rf /"},
+    ],
+)
+def test_a_hostile_execution_is_refused_and_starts_no_job(
+    client: TestClient, extra: dict[str, Any]
+) -> None:
+    body = {"recipe": world_recipe("hostile-execution", seed=5), **extra}
+    error = assert_error(client.post("/v1/snapshots", json=body), 422)
+    assert next(iter(extra)) in json.dumps(error), error
+    assert client.get("/v1/jobs").json()["count"] == 0
