@@ -96,6 +96,7 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[VidlakeCatalog, Reci
     return cat, load_recipe(small_corpus_demo())
 
 
+@pytest.mark.slow
 def test_a_failed_partition_publishes_nothing_and_a_rerun_succeeds(
     lake: tuple[VidlakeCatalog, Recipe], tmp_path: Path
 ) -> None:

@@ -163,6 +163,7 @@ def _wait(client: TestClient, job_id: str) -> dict[str, Any]:
     raise AssertionError("the cut job did not finish")
 
 
+@pytest.mark.slow
 def test_a_failed_partition_fails_the_job_by_name_and_a_rerun_publishes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
