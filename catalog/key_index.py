@@ -30,19 +30,25 @@ Near-duplicates: the ``bands`` table is the exact pigeonhole index of
 :func:`catalog.rules.near_duplicate_pairs` on disk; candidates are verified against
 the stored frames, and groups are read by walking ``edges`` from the matched assets,
 so memory follows the batch and its groups, not the catalog.
+
+A damaged file (truncated, overwritten, not SQLite: ``SQLITE_CORRUPT``,
+``SQLITE_NOTADB``) is discarded with a warning and rebuilt from the tables; a lookup
+that meets the damage rebuilds the views before it answers, so a damaged index never
+answers "absent" for a committed key (every view is rebuilt, not only the one read).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -73,6 +79,11 @@ __all__ = ["VIEWS", "KeyStore", "Matches", "View", "index_path"]
 
 #: The views :meth:`KeyStore.has` looks keys up in (each a table of the same name).
 _KEYED = frozenset({"assets", "clips", "latents"})
+log = logging.getLogger(__name__)
+R = TypeVar("R")
+#: SQLite's result codes of a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB.
+_DAMAGED = frozenset({11, 26})
+
 #: Keys per ``IN (...)`` list (below SQLite's 32766 bound on parameters).
 _CHUNK = 8192
 #: SQLite page cache per connection, KiB (negative: the PRAGMA's unit).
@@ -188,7 +199,8 @@ class KeyStore:
         try:
             yield conn
         except BaseException:
-            conn.execute("ROLLBACK")
+            with suppress(sqlite3.Error):  # a damaged file may refuse even this
+                conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
 
@@ -213,14 +225,47 @@ class KeyStore:
             self._recent.clear()
             self._db().execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
+    def _guarded(self, fn: Callable[[], R]) -> R:
+        """``fn()``; on a damaged file, discard it, rebuild every view (a caller may
+        have synced others it is about to read) and call ``fn`` again."""
+        try:
+            return fn()
+        except sqlite3.DatabaseError as exc:
+            if not _damaged(exc):
+                raise
+            self._discard(exc)
+        try:
+            for view in VIEWS:
+                self._sync(view, None)
+            return fn()
+        except sqlite3.DatabaseError as exc:
+            raise StorageError(
+                f"key index {self.path} is still unusable after a rebuild: {exc}",
+                path=str(self.path),
+            ) from exc
+
+    def _discard(self, exc: sqlite3.DatabaseError) -> None:
+        log.warning("key index %s is damaged (%s): rebuilding it from the tables", self.path, exc)
+        with self._lock:
+            try:
+                self.close()
+            except sqlite3.Error:
+                self._conn = None
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            self._recent.clear()
+
     # -- keeping views current ----------------------------------------------------
     def sync(self, view: str, tbl: Table | None = None) -> None:
         """Bring ``view`` to its table's current snapshot (``tbl``'s, when given, or a
-        newer one when the index already holds one).
+        newer one when the index already holds one); a damaged file is rebuilt.
 
         Raises:
             StorageError: reading the table failed.
         """
+        self._guarded(lambda: self._sync(view, tbl))
+
+    def _sync(self, view: str, tbl: Table | None) -> None:
         spec = VIEWS[view]
         target = tbl if tbl is not None else self._load(spec.table)
         with self._lock:
@@ -285,9 +330,13 @@ class KeyStore:
         self, table: str, base: int | None, parent: int | None, new: int, rows: pa.Table
     ) -> None:
         """After our own commit ``new`` of ``rows`` onto ``base``: add them to the
-        views of ``table`` that are at ``base`` (others catch up at their next sync)."""
+        views of ``table`` that are at ``base`` (others catch up at their next sync;
+        a damaged file is rebuilt)."""
         if base != parent:
             return
+        self._guarded(lambda: self._advance(table, base, new, rows))
+
+    def _advance(self, table: str, base: int | None, new: int, rows: pa.Table) -> None:
         with self._lock:
             for view, spec in VIEWS.items():
                 if spec.table == table:
@@ -317,10 +366,13 @@ class KeyStore:
         One statement per batch (:data:`~catalog.key_index_rows.SERIES`) returns the
         rows of the rarer answer: ``expect=True`` (a reference check: most keys are
         present) returns the absent ones, ``expect=False`` (a duplicate check) the
-        present ones. The answer is the same either way.
+        present ones. The answer is the same either way. A damaged file is rebuilt.
         """
         if view not in _KEYED:
             raise ValueError(f"no keys to look up in view {view!r}")
+        return self._guarded(lambda: self._has(view, keys, expect))
+
+    def _has(self, view: str, keys: pa.Array | pa.ChunkedArray, expect: bool) -> NDArray[np.bool_]:
         out = np.zeros(len(keys), dtype=np.bool_)
         test = "NOT EXISTS" if expect else "EXISTS"
         query = (
@@ -343,6 +395,9 @@ class KeyStore:
 
     def splits(self, asset_ids: pa.Array | pa.ChunkedArray) -> list[str | None]:
         """Each asset's split (None: unknown asset, or a null id)."""
+        return self._guarded(lambda: self._splits(asset_ids))
+
+    def _splits(self, asset_ids: pa.Array | pa.ChunkedArray) -> list[str | None]:
         out: list[str | None] = [None] * len(asset_ids)
         query = (
             f"{SERIES}SELECT s.i, a.split FROM s CROSS JOIN assets a"
@@ -359,6 +414,9 @@ class KeyStore:
     def near_duplicates(self, frames: NDArray[np.uint64], lengths: NDArray[np.int64]) -> Matches:
         """Every existing asset the rule matches with a batch row (exact: band
         candidates, then the rule on the stored frames), and the groups they are in."""
+        return self._guarded(lambda: self._near_duplicates(frames, lengths))
+
+    def _near_duplicates(self, frames: NDArray[np.uint64], lengths: NDArray[np.int64]) -> Matches:
         with self._lock:
             conn = self._db()
             rows, cand = self._candidates(conn, frames, lengths)
@@ -435,6 +493,12 @@ class KeyStore:
             frontier = sorted(more)
         ids = sorted(known)
         return ids, [known[a] for a in ids], sorted(edges)
+
+
+def _damaged(exc: sqlite3.DatabaseError) -> bool:
+    """Whether ``exc`` says the file is damaged (primary code of an extended one)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return isinstance(code, int) and code & 0xFF in _DAMAGED
 
 
 def index_path(config: CatalogConfig) -> Path:

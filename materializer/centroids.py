@@ -261,7 +261,8 @@ class CentroidStore:
 
         Raises:
             NotFound: no such version.
-            IntegrityError: the matrix disagrees with its record.
+            IntegrityError: the record or its matrix is damaged or missing (named), or
+                the matrix disagrees with its record (hash, dtype, shape, NaN).
         """
         try:
             raw = self.store.get_key(f"{config.prefix}v{version:06d}.json")
@@ -273,15 +274,19 @@ class CentroidStore:
                 version=version,
                 known=known,
             ) from None
-        record = json.loads(raw)
-        data = self.store.get_key(record["centroids_key"])
-        if sha256_bytes(data) != record["centroids_sha256"]:
+        record = _record(raw, f"{config.prefix}v{version:06d}.json")
+        key = record["centroids_key"]
+        try:
+            data = self.store.get_key(key)
+        except NotFound:
             raise IntegrityError(
-                f"centroids {record['centroids_key']} do not hash to their record",
-                key=record["centroids_key"],
-            )
-        matrix = np.load(io.BytesIO(data), allow_pickle=False).astype(np.float32)
-        return CentroidSet(config, version, matrix, record)
+                f"centroids {key} (version {version} of {config.embedding_model!r}) are "
+                "missing from the object store; refit with `vidlake dedup fit`",
+                key=key,
+            ) from None
+        if sha256_bytes(data) != record["centroids_sha256"]:
+            raise IntegrityError(f"centroids {key} do not hash to their record", key=key)
+        return CentroidSet(config, version, _matrix(data, key, record["shape"]), record)
 
     def ensure(self, config: CentroidConfig, index: EmbeddingIndex) -> CentroidSet:
         """The latest version, or version 1 fitted now from ``index`` (at its version)
@@ -334,6 +339,39 @@ class CentroidStore:
                 version=version,
             ) from None
         return CentroidSet(config, version, matrix, record)
+
+
+def _record(raw: bytes, key: str) -> dict[str, Any]:
+    """A version record, its fields checked (IntegrityError naming ``key`` otherwise)."""
+    try:
+        record = json.loads(raw)
+        ok = isinstance(record, dict) and all(
+            isinstance(record.get(f), str) for f in ("centroids_key", "centroids_sha256")
+        )
+        shape = record.get("shape") if ok else None
+        ok = ok and isinstance(shape, list) and len(shape) == 2
+    except (ValueError, UnicodeDecodeError):
+        ok = False
+    if not ok:
+        raise IntegrityError(f"centroids record {key} is damaged (not a version record)", key=key)
+    return dict(record)
+
+
+def _matrix(data: bytes, key: str, shape: list[Any]) -> NDArray[np.float32]:
+    """The stored matrix: a float32 ``(k, dim)`` array of the record's shape, finite."""
+    try:
+        matrix = np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise IntegrityError(f"centroids {key} are not a .npy matrix: {exc}", key=key) from None
+    if matrix.dtype != np.float32 or list(matrix.shape) != shape:
+        raise IntegrityError(
+            f"centroids {key}: {matrix.dtype} {list(matrix.shape)}, the record says "
+            f"float32 {shape}",
+            key=key,
+        )
+    if not np.isfinite(matrix).all():
+        raise IntegrityError(f"centroids {key} hold NaN or infinite values", key=key)
+    return np.asarray(matrix, dtype=np.float32)
 
 
 def _fit_from(

@@ -18,6 +18,12 @@ Every executor runs ``fn(shared, task)`` for each task and returns the results i
 order; ``shared`` (the broadcast set) is sent to each worker once, not once per task
 (a pool initializer; ``ray.put``). The results do not depend on the executor: the
 artifacts of a cut are byte-identical for every one of them.
+
+A task that fails fails the map, naming it (``partition i of n`` in the message,
+``partition`` and ``partitions`` in the details; :func:`task_failed`): a
+:class:`~catalog.errors.VidlakeError` keeps its class, anything else (a bug, a worker
+out of memory or killed, which a pool reports as a broken pool) is a
+:class:`~catalog.errors.StorageError`. The remaining tasks are cancelled.
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ import multiprocessing
 import os
 import re
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from catalog.errors import InvalidInput, NotInstalled, StorageError
+from catalog.errors import InvalidInput, NotInstalled, StorageError, VidlakeError
 
-__all__ = ["Executor", "ExecutorSpec", "open_executor", "parse_executor"]
+__all__ = ["Executor", "ExecutorSpec", "open_executor", "parse_executor", "task_failed"]
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -107,13 +114,52 @@ class LocalExecutor:
     def map(self, fn: Callable[[S, T], R], shared: S, tasks: Sequence[T]) -> list[R]:
         workers = min(self.processes or os.cpu_count() or 1, len(tasks))
         if workers <= 1:
-            return [fn(shared, t) for t in tasks]
+            return [_in_process(fn, shared, t, i, len(tasks)) for i, t in enumerate(tasks)]
         # spawn: the parent holds DuckDB and pyiceberg threads, which fork would copy.
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(
             workers, mp_context=context, initializer=_set_shared, initargs=(shared,)
         ) as pool:
-            return list(pool.map(_call_shared, [fn] * len(tasks), tasks))
+            futures = [pool.submit(_call_shared, fn, t) for t in tasks]
+            return [_result(f, i, futures, "local") for i, f in enumerate(futures)]
+
+
+def _in_process(fn: Callable[[S, T], R], shared: S, task: T, i: int, n: int) -> R:
+    try:
+        return fn(shared, task)
+    except Exception as exc:
+        raise task_failed(exc, i, n, "local") from exc
+
+
+def _result(future: Future[R], i: int, futures: list[Future[R]], executor: str) -> R:
+    try:
+        return future.result()
+    except Exception as exc:
+        for other in futures:
+            other.cancel()
+        raise task_failed(exc, i, len(futures), executor) from exc
+
+
+def task_failed(exc: BaseException, i: int, n: int, executor: str) -> VidlakeError:
+    """The error a map raises when task ``i`` of ``n`` failed with ``exc``: a
+    :class:`VidlakeError` of its own class gains the partition (message and details),
+    anything else becomes a :class:`StorageError` that names it."""
+    where = f"partition {i} of {n}"
+    if isinstance(exc, VidlakeError):
+        exc.message = f"{where}: {exc.message}"
+        exc.args = (exc.message,)
+        exc.details.update(partition=i, partitions=n)
+        return exc
+    if isinstance(exc, BrokenProcessPool):
+        cause = "its worker process died (killed, or out of memory)"
+    else:
+        cause = f"{type(exc).__name__}: {exc}"
+    return StorageError(
+        f"{where} failed on executor {executor!r}: {cause}; nothing was published",
+        partition=i,
+        partitions=n,
+        executor=executor,
+    )
 
 
 _SHARED: list[Any] = []
@@ -145,8 +191,22 @@ class RayExecutor:
                 ) from exc
         remote = ray.remote(num_cpus=1)(fn)
         ref = ray.put(shared)
-        results: list[R] = ray.get([remote.remote(ref, t) for t in tasks])
+        refs = [remote.remote(ref, t) for t in tasks]
+        results: list[R] = []
+        for i, task_ref in enumerate(refs):
+            try:
+                results.append(ray.get(task_ref))
+            except Exception as exc:
+                for other in refs[i + 1 :]:
+                    ray.cancel(other, force=True)
+                raise task_failed(_ray_cause(exc), i, len(refs), self.address) from exc
         return results
+
+
+def _ray_cause(exc: Exception) -> BaseException:
+    """The task's own exception inside Ray's ``RayTaskError`` (else ``exc``)."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
 
 
 def _ray() -> Any:

@@ -119,6 +119,7 @@ class SnapshotCreate(_In):
     )
     partitions: int | None = Field(
         None,
+        strict=True,  # true or "3" is a mistake of the caller's, not one partition
         ge=1,
         le=65536,
         description="clip_id partitions of the selection's join (default: the server's "

@@ -12,16 +12,20 @@ An upload rewrites its file at most once a second while it progresses and every
 tells a live operation from one whose process died: a ``running`` file not rewritten
 for :data:`STALE_S` (a watcher: three polls more) is reported ``stale``.
 :func:`read_statuses` turns each file into a :class:`StorageOp` with progress, rate and
-ETA computed the same way for both kinds; an unreadable file is reported as such (with
-the reason), never skipped silently and never an error of the page.
+ETA computed the same way for both kinds; an unreadable file (not a regular file, over
+:data:`MAX_STATUS_BYTES`, not JSON, fields of the wrong type or out of range) is
+reported as such (with the reason), never skipped silently and never an error of the
+page; a rate that is not finite reads as 0.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
+import stat
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,6 +40,7 @@ from service.settings import Settings
 
 __all__ = [
     "HEARTBEAT_S",
+    "MAX_STATUS_BYTES",
     "STALE_S",
     "StorageOp",
     "UploadStatusFile",
@@ -51,6 +56,11 @@ STALE_S = 60.0
 _MIN_WRITE_S = 1.0
 _RECENT_S = 7 * 86400.0  # finished operations older than this are not shown
 _FAILURES_SHOWN = 50
+#: A status file larger than this is not read (one is a few KiB; 50 failures shown).
+MAX_STATUS_BYTES = 4 << 20
+#: What reading a hostile status file may raise (a deep array recurses in json).
+_UNREADABLE = (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError,
+               RecursionError)  # fmt: skip
 
 
 def status_dir(settings: Settings) -> Path:
@@ -229,12 +239,43 @@ def _read_one(path: Path, now: float) -> StorageOp:
     kind = path.name.split("-", 1)[0]
     name = path.stem.split("-", 1)[1] if "-" in path.stem else path.stem
     try:
-        doc = json.loads(path.read_text("utf-8"))
+        doc = json.loads(_read_small(path))
         if not isinstance(doc, dict):
             raise ValueError("not a JSON object")
         return _parse(path, doc, now)
-    except (OSError, ValueError, TypeError, KeyError) as exc:
+    except _UNREADABLE as exc:
         return StorageOp(kind, name, "unreadable", str(path), error=f"{type(exc).__name__}: {exc}")
+
+
+def _read_small(path: Path) -> str:
+    """The text of a regular file of at most :data:`MAX_STATUS_BYTES` (a FIFO would
+    block the page; a huge file would fill memory)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file")
+        if info.st_size > MAX_STATUS_BYTES:
+            raise ValueError(f"too large: {info.st_size} bytes (at most {MAX_STATUS_BYTES})")
+        return f.read(MAX_STATUS_BYTES + 1)[:MAX_STATUS_BYTES].decode("utf-8")
+
+
+def _count(value: Any) -> int:
+    """A file or byte count: an integer in [0, 2**63)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"expected a count, got {value!r}")
+    if not (math.isfinite(value) and 0 <= value < 2**63):
+        raise ValueError(f"count out of range: {value!r}")
+    return int(value)
+
+
+def _finite(value: Any) -> float:
+    """A rate or a period: a finite number, else 0 (None and garbage too)."""
+    try:
+        number = float(value or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+    return number if math.isfinite(number) else 0.0
 
 
 def _age(updated_at: str, now: float) -> float | None:
@@ -247,21 +288,25 @@ def _age(updated_at: str, now: float) -> float | None:
 def _parse(path: Path, doc: dict[str, Any], now: float) -> StorageOp:
     kind = str(doc.get("kind") or path.name.split("-", 1)[0])
     age = _age(str(doc.get("updated_at", "")), now)
-    failed = [{str(k): str(v) for k, v in f.items()} for f in doc.get("failed") or []]
-    rate = float(doc.get("rate_mb_s") or 0.0)
+    failures = doc.get("failed") or []
+    if not isinstance(failures, list) or not all(isinstance(f, dict) for f in failures):
+        raise TypeError("failed: expected a list of objects")
+    failed = [{str(k): str(v) for k, v in f.items()} for f in failures]
+    rate = _finite(doc.get("rate_mb_s"))
     state = str(doc.get("state") or "running")
     if kind == "watch":
-        stale_after = STALE_S + 3 * float(doc.get("poll_s") or 0.0)
-        done, backlog = int(doc.get("files_done", 0)), int(doc.get("backlog_files", 0))
-        bytes_done, left = int(doc.get("bytes_uploaded", 0)), int(doc.get("backlog_bytes", 0))
+        stale_after = STALE_S + 3 * _finite(doc.get("poll_s"))
+        done, backlog = _count(doc.get("files_done", 0)), _count(doc.get("backlog_files", 0))
+        bytes_done = _count(doc.get("bytes_uploaded", 0))
+        left = _count(doc.get("backlog_bytes", 0))
         files_total: int | None = done + backlog
         bytes_total: int | None = None
         extra: dict[str, Any] = {"backlog_files": backlog, "backlog_bytes": left}
         source = str(doc.get("directory", ""))
     else:
-        stale_after = STALE_S + 3 * float(doc.get("heartbeat_s") or 0.0)
-        done, files_total = int(doc.get("files_done", 0)), int(doc["files_total"])
-        bytes_done, bytes_total = int(doc.get("bytes_done", 0)), int(doc["bytes_total"])
+        stale_after = STALE_S + 3 * _finite(doc.get("heartbeat_s"))
+        done, files_total = _count(doc.get("files_done", 0)), _count(doc["files_total"])
+        bytes_done, bytes_total = _count(doc.get("bytes_done", 0)), _count(doc["bytes_total"])
         left = max(bytes_total - bytes_done, 0)
         extra = {}
         source = str(doc.get("source", ""))

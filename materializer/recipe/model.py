@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
@@ -97,6 +97,12 @@ class Recipe(Model):
             ensure_ascii=False,
             allow_nan=False,
         )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as the recipe's fields, validated again on load: its mappings are
+        read-only views (``MappingProxyType``), which do not pickle, and a partitioned
+        cut sends the recipe to its pool or Ray workers (:mod:`materializer.partition`)."""
+        return (type(self).model_validate, (self.model_dump(),))
 
     def sha256(self) -> str:
         """SHA-256 hex of :meth:`to_canonical_json` (UTF-8), stable across processes."""
