@@ -201,7 +201,10 @@ def build_artifacts(
     report("pin", 0.0)
     pin = checked_pin(catalog, recipe, pin)
     report("pin", 1.0)
-    selection = select(catalog, recipe, pin, progress=report, execution=execution)
+    selection = select(
+        catalog, recipe, pin, progress=report, execution=execution,
+        coverage=recipe.min_coverage is not None,
+    )  # fmt: skip
     check_min_coverage(recipe, selection.backfill)
     if selection.samples.num_rows == 0:
         raise nothing_selected(recipe, selection)

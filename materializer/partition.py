@@ -153,16 +153,17 @@ class ViewQuery:
     sql: str
     params: dict[str, Any]
     num_streams: int
-    #: The backfill coverage query of the partition's rows (the recipe does not pickle).
-    coverage: CoverageSpec
+    #: The backfill coverage query of the partition's rows (the recipe does not
+    #: pickle), or None when the caller does not need coverage.
+    coverage: CoverageSpec | None
 
     @classmethod
-    def of(cls, recipe: Recipe) -> ViewQuery:
+    def of(cls, recipe: Recipe, *, coverage: bool = True) -> ViewQuery:
         return cls(
             candidate_sql(recipe),
             candidate_params(recipe),
             len(recipe.streams),
-            CoverageSpec.of(recipe),
+            CoverageSpec.of(recipe) if coverage else None,
         )
 
 
@@ -177,7 +178,8 @@ def query_candidates(query: ViewQuery, tables: dict[str, pa.Table]) -> Candidate
     finally:
         con.close()
     found = candidates_of(table, query.num_streams, eval_ids)
-    found.backfill = backfill_coverage(query.coverage, table)
+    if query.coverage is not None:
+        found.backfill = backfill_coverage(query.coverage, table)
     return found
 
 
@@ -221,8 +223,12 @@ def merge(parts: list[Candidates], recipe: Recipe) -> Candidates:
         match_counts=[sum(c) for c in zip(*(p.match_counts for p in parts), strict=True)],
         count=sum(p.count for p in parts),
         eval_ids=sorted(i for p in parts for i in p.eval_ids),
-        backfill=merge_coverage(recipe, [p.backfill for p in parts if p.backfill is not None]),
+        backfill=merge_coverage(recipe, backfills) if (backfills := _backfills(parts)) else None,
     )
+
+
+def _backfills(parts: list[Candidates]) -> list[BackfillCoverage]:
+    return [p.backfill for p in parts if p.backfill is not None]
 
 
 def partitioned_candidates(
@@ -234,10 +240,12 @@ def partitioned_candidates(
     executor: Executor,
     partitions: int,
     scan: Callable[[str], pa.Table],
+    coverage: bool = True,
 ) -> Candidates:
     """The candidates of ``recipe`` at ``pin`` over ``partitions`` clip_id buckets run
     on ``executor``; ``filters`` are the per-table row filters of the recipe and
-    ``scan(name)`` reads a broadcast table in full."""
+    ``scan(name)`` reads a broadcast table in full; ``coverage``: compute backfill
+    coverage too."""
     # A recipe without scores reads none: that table is broadcast empty.
     names = [n for n in CLIP_TABLES if n != "scores" or recipe.score_versions()]
     broadcast = {name: scan(name) for name in SCAN_COLUMNS if name not in names}
@@ -252,4 +260,5 @@ def partitioned_candidates(
         for name in names
     }
     tasks = [{name: plans[p] for name, plans in split.items()} for p in range(partitions)]
-    return merge(executor.map(run_partition, (ViewQuery.of(recipe), broadcast), tasks), recipe)
+    query = ViewQuery.of(recipe, coverage=coverage)
+    return merge(executor.map(run_partition, (query, broadcast), tasks), recipe)

@@ -104,6 +104,7 @@ def select(
     *,
     progress: Progress | None = None,
     execution: Execution | None = None,
+    coverage: bool = True,
 ) -> Selection:
     """Evaluate ``recipe`` against the catalog at ``pin``.
 
@@ -115,9 +116,11 @@ def select(
         execution: Where the clip view's join runs, over how many ``clip_id``
             partitions (:mod:`materializer.partition`); None: one, in this process.
             The selection does not depend on it.
+        coverage: Compute the backfill coverage (``Selection.backfill``; a cut needs
+            it only for a ``min_coverage`` gate).
     """
     report = progress or (lambda stage, fraction: None)
-    found = _candidates(catalog, recipe, pin, report, execution)
+    found = _candidates(catalog, recipe, pin, report, execution, coverage=coverage)
     report("join", 1.0)
     check_stream_matches(recipe, found.match_counts)
     candidates = found.count
@@ -159,7 +162,8 @@ def select(
 def stream_match_counts(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin) -> list[int]:
     """Per stream, the train candidate samples its predicate matches at ``pin``
     (before every drop but ``eval``, each stream on its own: no first-match rule)."""
-    return _candidates(catalog, recipe, pin, lambda stage, fraction: None, None).match_counts
+    report = lambda stage, fraction: None  # noqa: E731
+    return _candidates(catalog, recipe, pin, report, None, coverage=False).match_counts
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,8 @@ def _candidates(
     pin: Pin,
     report: Progress,
     execution: Execution | None,
+    *,
+    coverage: bool = True,
 ) -> Candidates:
     """The clip view's rows reduced to the kept samples and the counts selection needs."""
     filters = _row_filters(recipe)
@@ -201,14 +207,14 @@ def _candidates(
         report("join", 0.0)
         return partitioned_candidates(
             catalog, recipe, pin, filters, executor=execution.executor,
-            partitions=execution.partitions, scan=scan,
+            partitions=execution.partitions, scan=scan, coverage=coverage,
         )  # fmt: skip
     tables = {}
     for i, name in enumerate(SCAN_COLUMNS):
         tables[name] = scan(name)
         report("scan", (i + 1) / len(SCAN_COLUMNS))
     report("join", 0.0)
-    return query_candidates(ViewQuery.of(recipe), tables)
+    return query_candidates(ViewQuery.of(recipe, coverage=coverage), tables)
 
 
 def _remote(executor: Executor) -> bool:
