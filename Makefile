@@ -33,8 +33,13 @@ venv: $(STAMP) ## create .venv and install vidlake with every extra
 demo: $(STAMP) ## run the end-to-end demo on the embedded default (./.vidlake/)
 	$(BIN)/vidlake demo
 
+# Test processes (pytest-xdist): test files are dealt whole to each (`--dist loadfile`),
+# so module fixtures stay in one process; each process starts its own S3 server and
+# PostgreSQL. `make test PYTEST_WORKERS=0` runs in one process.
+PYTEST_WORKERS ?= 2
+
 test: $(STAMP) browser ## run the whole test suite (starts its own S3 server and PostgreSQL)
-	$(BIN)/python -m pytest -q --durations=25 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=25 -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## the suite without slow, s3 and postgres tests
 	$(BIN)/python -m pytest -q -m "not slow and not s3 and not postgres" $(PYTEST_ARGS)

@@ -256,7 +256,24 @@ def validate_predicate(sql: str, columns: Mapping[str, str], path: str) -> str:
     again = _parse_one(out, path)
     if again.sql(dialect="duckdb") != out:
         raise _error(path, "predicate has no stable normal form; simplify it")
+    _duckdb_reads(out, path)
     return out
+
+
+def _duckdb_reads(out: str, path: str) -> None:
+    """Refuse what sqlglot accepts but DuckDB's own parser does not (e.g. the chained
+    comparison ``0 = 0 = 0``): the predicate would otherwise fail later, inside a cut."""
+    import duckdb  # here, not at import: recipe loading stays light for the CLI
+
+    con = duckdb.connect(config={"enable_external_access": False})
+    try:
+        statements = con.extract_statements(f"SELECT 1 WHERE ({out})")
+    except duckdb.Error as exc:
+        raise _error(path, f"does not parse in DuckDB: {_first_line(exc)}") from None
+    finally:
+        con.close()
+    if len(statements) != 1:
+        raise _error(path, "expected one expression; ';' separates statements")
 
 
 def _parse_one(sql: str, path: str) -> exp.Expr:

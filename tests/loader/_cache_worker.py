@@ -6,7 +6,8 @@ Modes (``cfg["mode"]``):
 ``hold``    lease ``cfg["key"]``, touch ``cfg["marker"]``, then sleep until killed.
 ``stall``   start downloading ``cfg["key"]``: write half its bytes, touch the marker,
             sleep until killed (a process dying mid-download).
-``hammer``  lease random keys until ``cfg["seconds"]`` pass, hashing every read.
+``hammer``  lease random keys until ``cfg["seconds"]`` pass and ``cfg["min_reads"]`` reads
+            were made, hashing every read.
 
 Objects come from ``cfg["src"]``: a directory holding one file per object, named by its
 SHA-256 (``src/<sha>``), or, with ``cfg["store"]``, a local object store. Every process
@@ -225,11 +226,16 @@ def main(cfg: dict[str, Any]) -> None:
         elif mode == "hammer":
             keys = [(k, s) for k, s in cfg["keys"]]
             rng = random.Random(cfg["seed"])
-            deadline = time.monotonic() + cfg["seconds"]
-            while time.monotonic() < deadline:
+            # At least ``seconds`` and at least ``min_reads`` reads (a loaded box must not
+            # turn the hammer into a tap), but never more than ten times ``seconds``.
+            start = time.monotonic()
+            deadline, cap = start + cfg["seconds"], start + 10 * cfg["seconds"]
+            reads, min_reads = 0, cfg.get("min_reads", 0)
+            while (time.monotonic() < deadline or reads < min_reads) and time.monotonic() < cap:
                 # Skewed popularity, so that there are hits as well as evictions.
                 key, size = keys[int(len(keys) * rng.random() ** 2)]
                 _read(cache, key, size, fetch_for(key), out, cfg.get("hold_s", 0.0))
+                reads += 1
         else:
             raise SystemExit(f"unknown mode {mode!r}")
         print(json.dumps(cache.stats()))

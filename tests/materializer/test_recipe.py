@@ -425,6 +425,8 @@ HOSTILE = [
     "*",
     "",
     "   ",
+    "0=0=0",  # sqlglot reads a chained comparison; DuckDB's parser does not
+    "width > 1 = TRUE < FALSE",
 ]
 
 
