@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import collections
 import os
-from collections.abc import Generator
+from collections.abc import Generator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -338,7 +338,9 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         finally:
             ring.close()
 
-    def _iterate(self, steps: range, *, track: bool) -> Generator[dict[str, Any], None, None]:
+    def _iterate(
+        self, steps: Iterable[int], *, track: bool
+    ) -> Generator[dict[str, Any], None, None]:
         plan = self.plan
         cache = self._node_cache()
         executor = ThreadPoolExecutor(self.prefetch_threads, thread_name_prefix="vidlake-prefetch")

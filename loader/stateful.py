@@ -1,12 +1,40 @@
 """``StatefulLoader``: a DataLoader over a :class:`~loader.dataset.SnapshotDataset`
-that knows where to resume, whatever ``num_workers`` is."""
+that knows where to resume, and whose first batches do not wait for its workers.
+
+It records ``batch["step"] + 1`` of each batch it hands out, so ``state_dict()`` is
+right whatever ``num_workers`` is.
+
+**The hand-over.** A DataLoader worker started by ``spawn`` or ``forkserver`` imports
+torch and the loader before it reads anything: seconds, two at once on a small node,
+while the training process, which has already imported them, sits idle. So with
+workers, each ``iter()`` reads the first steps in the training process itself (the
+dataset's own threaded iterator, as with ``num_workers=0``) while the workers start.
+The first worker to be ready claims the hand-over step ``H``: the first step the
+training process has not yet submitted for reading. The training process stops
+submitting there, hands out what it read (steps ``< H``), then the DataLoader's batches,
+whose workers read steps ``H + w, H + w + N, …``. A small shared array holds the two
+numbers under one lock, so every step is read exactly once and the batch sequence is
+the same as without the hand-over (and with any ``num_workers``). If the training
+process reaches the end first, the workers find nothing left and are shut down unread.
+
+Workers under ``fork`` are started before the training process starts its own
+threads (a fork with live threads can inherit a held lock); under ``spawn`` and
+``forkserver``, after its first batch is assembled, so the workers' imports do not
+compete with that batch for the CPU. Under ``forkserver`` the fork server preloads
+:mod:`loader.dataset` (and so torch): it imports them once, and every worker, including
+the next ``iter()``'s, is a fork of it. ``loader.handed_over_at`` is the step of the
+last ``iter()``'s hand-over.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Generator
+import multiprocessing
+import multiprocessing.context
+import multiprocessing.forkserver
+from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from catalog.errors import InvalidInput
 from loader.device import prefetch_to_device
@@ -16,44 +44,95 @@ if TYPE_CHECKING:
 
 __all__ = ["StatefulLoader"]
 
+_Context = multiprocessing.context.BaseContext
+
 
 class StatefulLoader:
     """A ``DataLoader`` over a :class:`SnapshotDataset` that knows where to resume.
 
-    It records ``batch["step"] + 1`` of each batch it hands out, so ``state_dict()`` is
-    right whatever ``num_workers`` is. A new DataLoader (and new workers) is made for
-    every ``iter()``, starting at the recorded step.
+    A new DataLoader (and new workers) is made for every ``iter()``, starting at the
+    recorded step; with workers, the first steps are read in this process until they
+    are ready (see the module docstring).
 
     Args:
         dataset: the dataset.
         num_workers: DataLoader worker processes.
-        **dataloader_kwargs: passed on (``pin_memory``, ``prefetch_factor``, …);
-            ``batch_size`` is always None and ``persistent_workers`` must stay off.
+        hand_over: with workers, read the first steps in this process while they start
+            (default on; off: wait for the workers' first batch).
+        **dataloader_kwargs: passed on (``pin_memory``, ``prefetch_factor``,
+            ``multiprocessing_context``, …); ``batch_size`` is always None and
+            ``persistent_workers`` must stay off.
     """
 
-    def __init__(self, dataset: SnapshotDataset, *, num_workers: int = 0, **dataloader_kwargs: Any):
+    def __init__(
+        self,
+        dataset: SnapshotDataset,
+        *,
+        num_workers: int = 0,
+        hand_over: bool = True,
+        **dataloader_kwargs: Any,
+    ):
         if dataloader_kwargs.get("persistent_workers"):
             raise InvalidInput("persistent_workers would keep a stale cursor in the workers")
+        if num_workers < 0:
+            raise InvalidInput(f"num_workers must be >= 0, got {num_workers}")
         dataloader_kwargs.pop("batch_size", None)
         self.dataset = dataset
         self.num_workers = num_workers
+        self.hand_over = hand_over
+        self._context = _context(dataloader_kwargs.pop("multiprocessing_context", None))
         self._kwargs = dataloader_kwargs
         self._next_step = dataset.next_step
+        self._hand: _HandOver | None = None
+
+    @property
+    def handed_over_at(self) -> int | None:
+        """The step at which the workers took over in the last ``iter()`` (the end step
+        when this process read them all; None: not decided yet, or no hand-over)."""
+        step = -1 if self._hand is None else self._hand.step
+        return None if step < 0 else step
 
     def __iter__(self) -> Generator[dict[str, Any], None, None]:
         self.dataset.seek(self._next_step)
-        loader: DataLoader[dict[str, Any]] = DataLoader(
-            self.dataset, batch_size=None, num_workers=self.num_workers, **self._kwargs
-        )
+        self._hand = None
+        if self.num_workers and self.hand_over:
+            batches: Iterator[dict[str, Any]] = self._handed_over()
+        else:
+            batches = iter(self._dataloader(self.dataset))
         # Without workers the dataset's own iterator runs the device ring (depth 0: none).
         depth = self.dataset.prefetch_to_device if self.num_workers else 0
-        batches = prefetch_to_device(loader, depth, self.dataset.device)
+        ring = prefetch_to_device(batches, depth, self.dataset.device)
         try:
-            for batch in batches:
+            for batch in ring:
                 self._next_step = int(batch["step"]) + 1
                 yield batch
         finally:
-            batches.close()
+            ring.close()
+
+    def _dataloader(self, dataset: IterableDataset[dict[str, Any]]) -> DataLoader[dict[str, Any]]:
+        if self.num_workers:
+            self._kwargs["multiprocessing_context"] = self._context
+        return DataLoader(dataset, batch_size=None, num_workers=self.num_workers, **self._kwargs)
+
+    def _handed_over(self) -> Generator[dict[str, Any], None, None]:
+        """This process's batches up to the hand-over step, then the workers'."""
+        ds = self.dataset
+        end = max(ds.next_step, ds._end())
+        hand = self._hand = _HandOver(self._context, ds.next_step, end)
+        loader = self._dataloader(_FromHandOver(ds, hand))
+        early = self._context.get_start_method() == "fork"
+        workers = iter(loader) if early else None
+        own = ds._iterate(hand.own_steps(), track=True)
+        try:
+            for batch in own:
+                if workers is None:
+                    workers = iter(loader)
+                yield batch
+            if workers is not None and hand.step < end:
+                yield from workers
+        finally:
+            own.close()
+            del workers  # the DataLoader iterator shuts its workers down when collected
 
     def __len__(self) -> int:
         return max(0, self.dataset._end() - self._next_step)
@@ -66,3 +145,78 @@ class StatefulLoader:
         """Resume at ``state["next_step"]`` (see :meth:`SnapshotDataset.load_state_dict`)."""
         self.dataset.load_state_dict(state)
         self._next_step = self.dataset.next_step
+
+
+class _HandOver:
+    """Where the training process stops reading and the workers start, decided once.
+
+    ``cell[0]`` is the next step the training process would submit, ``cell[1]`` the
+    hand-over step (-1: not yet). Both change under the array's lock, so the step a
+    worker claims is exactly the first one the training process did not take.
+    """
+
+    def __init__(self, context: _Context, start: int, end: int):
+        self._end = end
+        self._cell = context.Array("q", [start, -1])
+
+    @property
+    def step(self) -> int:
+        """The hand-over step (the end when the training process read every step)."""
+        with self._cell.get_lock():
+            return int(self._cell[1])
+
+    def own_steps(self) -> Generator[int, None, None]:
+        """The steps the training process reads: from the start until a worker claims
+        the rest (or to the end, which then leaves the workers nothing)."""
+        while True:
+            with self._cell.get_lock():
+                step = int(self._cell[0])
+                if self._cell[1] >= 0:
+                    return
+                if step >= self._end:
+                    self._cell[1] = self._end
+                    return
+                self._cell[0] = step + 1
+            yield step
+
+    def claim(self) -> int:
+        """In a worker: the hand-over step, fixed by the first worker to ask."""
+        with self._cell.get_lock():
+            if self._cell[1] < 0:
+                self._cell[1] = self._cell[0]
+            return int(self._cell[1])
+
+
+class _FromHandOver(IterableDataset[dict[str, Any]]):
+    """What each DataLoader worker iterates: the dataset from the hand-over step on."""
+
+    def __init__(self, dataset: SnapshotDataset, hand: _HandOver):
+        super().__init__()
+        self.dataset = dataset
+        self.hand = hand
+
+    def __iter__(self) -> Generator[dict[str, Any], None, None]:
+        # Claimed on the first request, when this worker is ready to read; the dataset
+        # then gives worker w the steps H + w, H + w + N, … as without a hand-over.
+        self.dataset.seek(self.hand.claim())
+        yield from self.dataset
+
+
+def _context(given: str | _Context | None) -> _Context:
+    """The workers' multiprocessing context (the DataLoader's default: the platform's)."""
+    try:
+        ctx = multiprocessing.get_context(given) if isinstance(given, str | None) else given
+    except ValueError as exc:
+        raise InvalidInput(f"unknown multiprocessing_context {given!r}") from exc
+    if ctx.get_start_method() == "forkserver":
+        _preload_loader()
+    return ctx
+
+
+def _preload_loader() -> None:
+    """Have the fork server import the loader (and torch) once, before its first fork;
+    no effect once it runs. Keeps the modules already asked for (``__main__``)."""
+    server = multiprocessing.forkserver._forkserver
+    wanted = list(getattr(server, "_preload_modules", ["__main__"]))
+    if "loader.dataset" not in wanted:
+        server.set_forkserver_preload([*wanted, "loader.dataset"])
