@@ -37,6 +37,7 @@ import json
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +52,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loader.cache import forget_verified
-from loader.dataset import SnapshotDataset, StatefulLoader
+from loader.dataset import SnapshotDataset
 from manifests.synthetic import write_big_snapshot, write_snapshot
 
 MiB = 1 << 20
@@ -250,14 +251,6 @@ def _hash_floor(nbytes: int, threads: int) -> float:
 
 
 # -- fresh processes ----------------------------------------------------------------------
-def _first_batch_child(url: str, kw: dict[str, Any], conn: Any) -> None:
-    ds = SnapshotDataset(url, 1, **kw)
-    it = iter(StatefulLoader(ds, num_workers=2, multiprocessing_context="spawn"))
-    first = next(it)
-    conn.send((time.time(), int(first["step"])))
-    del it
-
-
 def _resume_child(url: str, kw: dict[str, Any], state: dict[str, Any], conn: Any) -> None:
     t0 = time.perf_counter()
     ds = SnapshotDataset(url, 1, **kw)
@@ -279,13 +272,53 @@ def _in_spawned(target: Callable[..., None], *args: Any) -> tuple[float, Any, fl
     return value, step, t0
 
 
-def _first_batch_s(work: Path) -> float:
-    snap = write_snapshot(work / "fb-store", num_rows=64, num_steps=8, batch_size=8)
+#: (workers' start method, hand-over on) per first-batch variant; the first is the figure.
+FIRST_BATCH = {
+    "": ("spawn", True),
+    "_no_hand_over": ("spawn", False),
+    "_forkserver": ("forkserver", True),
+    "_fork": ("fork", True),
+}
+
+
+def _first_batch(work: Path) -> dict[str, Any]:
+    """Each variant in a fresh rank (``_first_batch_rank.py``): seconds from starting
+    it to its first batch, to its workers' claim, and its parts."""
+    snap = write_snapshot(work / "fb-store", num_rows=64, num_steps=16, batch_size=8)
     kw = _common(work / "fb-node", None)
     _iterate(iter(SnapshotDataset(snap.url, 1, **kw)))  # a warm node cache
-    at, step, t0 = _in_spawned(_first_batch_child, snap.url, kw)
-    assert step == 0
-    return float(at - t0)
+    kw["cache_dir"] = str(kw["cache_dir"])
+    out: dict[str, Any] = {}
+    for name, (context, hand_over) in FIRST_BATCH.items():
+        arg = {"url": snap.url, "kw": kw, "workers": 2, "context": context}
+        t0 = time.time()
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks._first_batch_rank",
+                json.dumps({**arg, "hand_over": hand_over}),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        t = json.loads(run.stdout.strip().splitlines()[-1])
+        out[f"first_batch_s{name}"] = round(t["first"] - t0, 3)
+        out[f"workers_ready_s{name}"] = round(t["workers_ready"] - t0, 3)
+        out[f"workers_ready_again_s{name}"] = round(t["workers_ready_again_s"], 3)
+        if not name:
+            out["first_batch_parts_s"] = {
+                "to_main": round(t["main"] - t0, 3),
+                "import_torch": round(t["torch"] - t["main"], 3),
+                "import_loader": round(t["import"] - t["torch"], 3),
+                "open_plan": round(t["plan"] - t["import"], 3),
+                "first_step": round(t["first"] - t["plan"], 3),
+            }
+            out["handed_over_at"] = t["handed_over_at"]
+    return out
 
 
 def _resume_ms(work: Path, resume_step: int) -> float:
@@ -330,12 +363,12 @@ def main(argv: list[str] | None = None) -> None:
     rates: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         work = Path(tmp)
-        for name in args.sizes.split(","):
+        for name in filter(None, args.sizes.split(",")):
             nbytes, counts, batch = SIZES[name]
             (work / name).mkdir()
             n = counts[1] if args.quick else counts[0]
             rates[name] = _measure_size(work / name, nbytes, n, batch, args, notes)
-        first_batch = _first_batch_s(work) if args.processes else None
+        first_batch = _first_batch(work) if args.processes else {}
         resume = _resume_ms(work, args.resume_step) if args.processes else None
     print(json.dumps(_result(rates, threads, first_batch, resume, notes, args)))
 
@@ -343,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
 def _result(
     rates: dict[str, dict[str, float]],
     threads: int,
-    first_batch: float | None,
+    first_batch: dict[str, Any],
     resume: float | None,
     notes: dict[str, str],
     args: argparse.Namespace,
@@ -368,7 +401,8 @@ def _result(
         out["verify_gb_s_8mb"] = round(verify_bytes_s / 1e9, 3)
         out["hash_floor_gb_s"] = round(floor / 1e9, 3)
         out["verify_x_hash_floor"] = round(verify_bytes_s / floor, 3)
-    out["first_batch_s"] = None if first_batch is None else round(first_batch, 3)
+    out["first_batch_s"] = None
+    out.update(first_batch)
     out["resume_step"] = args.resume_step
     out["resume_ms"] = None if resume is None else round(resume, 2)
     out["load_avg"] = round(os.getloadavg()[0], 2)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
+import threading
 from collections.abc import Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -119,20 +120,19 @@ class StatefulLoader:
         ds = self.dataset
         end = max(ds.next_step, ds._end())
         hand = self._hand = _HandOver(self._context, ds.next_step, end)
-        loader = self._dataloader(_FromHandOver(ds, hand))
-        early = self._context.get_start_method() == "fork"
-        workers = iter(loader) if early else None
+        workers = _Workers(self._dataloader(_FromHandOver(ds, hand)), self._context)
+        if workers.early:
+            workers.start()
         own = ds._iterate(hand.own_steps(), track=True)
         try:
             for batch in own:
-                if workers is None:
-                    workers = iter(loader)
+                workers.start()  # once; after the first batch is assembled unless early
                 yield batch
-            if workers is not None and hand.step < end:
-                yield from workers
+            if workers.started and hand.step < end:
+                yield from workers.batches()
         finally:
             own.close()
-            del workers  # the DataLoader iterator shuts its workers down when collected
+            workers.close()
 
     def __len__(self) -> int:
         return max(0, self.dataset._end() - self._next_step)
@@ -200,6 +200,54 @@ class _FromHandOver(IterableDataset[dict[str, Any]]):
         # then gives worker w the steps H + w, H + w + N, … as without a hand-over.
         self.dataset.seek(self.hand.claim())
         yield from self.dataset
+
+
+class _Workers:
+    """The DataLoader's iterator, started once: in the training thread under ``fork``
+    (before this process has threads of its own to fork), else in a background thread,
+    because a ``forkserver`` ``Process.start()`` blocks until the server has imported
+    its preloads (seconds) and a ``spawn`` one pickles the dataset per worker."""
+
+    def __init__(self, loader: DataLoader[dict[str, Any]], context: _Context):
+        self.early = context.get_start_method() == "fork"
+        self.started = False
+        self._loader = loader
+        self._iter: Iterator[dict[str, Any]] | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.started:
+            return
+        self.started = True
+        if self.early:
+            self._iter = iter(self._loader)
+        else:
+            self._thread = threading.Thread(target=self._run, name="vidlake-workers")
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._iter = iter(self._loader)
+        except BaseException as exc:  # re-raised in the training thread by batches()
+            self._error = exc
+
+    def _join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def batches(self) -> Iterator[dict[str, Any]]:
+        self._join()
+        if self._error is not None:
+            raise self._error
+        assert self._iter is not None
+        return self._iter
+
+    def close(self) -> None:
+        """Drop the iterator: the DataLoader shuts its workers down when it is collected."""
+        self._join()
+        self._iter = None
 
 
 def _context(given: str | _Context | None) -> _Context:
