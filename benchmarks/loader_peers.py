@@ -20,11 +20,17 @@ each figure is the median, so load on a shared machine hits every system alike.
 
 Also measured: ``verify_x_hash_floor``, vidlake with verification at 8 MB against
 hashlib's SHA-256 over the same bytes in memory times the threads used;
-``first_batch_s``, a rank started by ``multiprocessing`` spawn reading through a
-``StatefulLoader`` with ``num_workers=2`` (spawned workers too) and a warm node cache,
-from ``Process.start()`` to its first batch; ``resume_ms``, a fresh spawned process
-resuming at step ``--resume-step`` of a long plan, from constructing the dataset to its
-first sample.
+``first_batch_s``, a fresh rank (``python -m benchmarks._first_batch_rank``, a
+training script that imports torch and the loader, nothing else) reading through a
+``StatefulLoader`` with ``num_workers=2`` spawned workers and a warm node cache, from
+starting it to its first batch, with its parts (``first_batch_parts_s``) and against
+``torch_floor_s``, a fresh interpreter that only imports torch (``x_torch_floor``);
+the same with ``hand_over=False`` (``_no_hand_over``), with ``forkserver`` and ``fork``
+workers; ``workers_ready_s*``, when the workers claimed the hand-over (the first
+batch without one); ``workers_ready_again_s*``, the same for a second ``iter()``
+(medians of ``--repeat`` rounds, one with ``--quick``); ``resume_ms``, a fresh
+spawned process resuming at step ``--resume-step`` of a long plan, from constructing
+the dataset to its first sample.
 
 Prints one JSON line. ``--quick`` sizes the sets so the run takes < 1 minute on 2 cores.
 """
@@ -281,44 +287,66 @@ FIRST_BATCH = {
 }
 
 
-def _first_batch(work: Path) -> dict[str, Any]:
-    """Each variant in a fresh rank (``_first_batch_rank.py``): seconds from starting
-    it to its first batch, to its workers' claim, and its parts."""
+#: The floor of a rank's first batch: a fresh interpreter that only imports torch.
+_TORCH_FLOOR = "import json, time, torch; print(json.dumps({'torch': time.time()}))"
+
+
+def _first_batch(work: Path, rounds: int) -> dict[str, Any]:
+    """Each variant in a fresh rank (``_first_batch_rank.py``), ``rounds`` interleaved
+    rounds with the torch-import floor, medians: seconds from starting it to its first
+    batch, to its workers' claim, the parts of the first figure."""
     snap = write_snapshot(work / "fb-store", num_rows=64, num_steps=16, batch_size=8)
     kw = _common(work / "fb-node", None)
     _iterate(iter(SnapshotDataset(snap.url, 1, **kw)))  # a warm node cache
     kw["cache_dir"] = str(kw["cache_dir"])
-    out: dict[str, Any] = {}
-    for name, (context, hand_over) in FIRST_BATCH.items():
-        arg = {"url": snap.url, "kw": kw, "workers": 2, "context": context}
-        t0 = time.time()
-        run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks._first_batch_rank",
-                json.dumps({**arg, "hand_over": hand_over}),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=True,
-            cwd=Path(__file__).resolve().parents[1],
-        )
-        t = json.loads(run.stdout.strip().splitlines()[-1])
-        out[f"first_batch_s{name}"] = round(t["first"] - t0, 3)
-        out[f"workers_ready_s{name}"] = round(t["workers_ready"] - t0, 3)
-        out[f"workers_ready_again_s{name}"] = round(t["workers_ready_again_s"], 3)
-        if not name:
-            out["first_batch_parts_s"] = {
-                "to_main": round(t["main"] - t0, 3),
-                "import_torch": round(t["torch"] - t["main"], 3),
-                "import_loader": round(t["import"] - t["torch"], 3),
-                "open_plan": round(t["plan"] - t["import"], 3),
-                "first_step": round(t["first"] - t["plan"], 3),
-            }
-            out["handed_over_at"] = t["handed_over_at"]
+    runs: dict[str, list[Any]] = {}
+    for _ in range(rounds):
+        t0, t = _fresh(["-c", _TORCH_FLOOR])
+        runs.setdefault("torch_floor_s", []).append(t["torch"] - t0)
+        for name, (context, hand_over) in FIRST_BATCH.items():
+            arg = {"url": snap.url, "kw": kw, "workers": 2, "context": context}
+            t0, t = _fresh(
+                ["-m", "benchmarks._first_batch_rank", json.dumps({**arg, "hand_over": hand_over})]
+            )
+            for key, value in _first_batch_figures(name, t0, t).items():
+                runs.setdefault(key, []).append(value)
+    out = {k: round(statistics.median(v), 3) for k, v in runs.items()}
+    out["x_torch_floor"] = round(out["first_batch_s"] / out["torch_floor_s"], 3)
+    parts = [k for k in out if k.startswith("part_")]
+    out["first_batch_parts_s"] = {k.removeprefix("part_"): out.pop(k) for k in parts}
     return out
+
+
+def _first_batch_figures(name: str, t0: float, t: dict[str, Any]) -> dict[str, float]:
+    out = {
+        f"first_batch_s{name}": t["first"] - t0,
+        f"workers_ready_s{name}": t["workers_ready"] - t0,
+        f"workers_ready_again_s{name}": t["workers_ready_again_s"],
+    }
+    if not name:
+        out.update(
+            part_to_main=t["main"] - t0,
+            part_import_torch=t["torch"] - t["main"],
+            part_import_loader=t["import"] - t["torch"],
+            part_open_plan=t["plan"] - t["import"],
+            part_first_step=t["first"] - t["plan"],
+            handed_over_at=t["handed_over_at"],
+        )
+    return out
+
+
+def _fresh(argv: list[str]) -> tuple[float, dict[str, Any]]:
+    """Run a fresh interpreter from the repository root; its start time and JSON line."""
+    t0 = time.time()
+    run = subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    return t0, json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def _resume_ms(work: Path, resume_step: int) -> float:
@@ -368,7 +396,8 @@ def main(argv: list[str] | None = None) -> None:
             (work / name).mkdir()
             n = counts[1] if args.quick else counts[0]
             rates[name] = _measure_size(work / name, nbytes, n, batch, args, notes)
-        first_batch = _first_batch(work) if args.processes else {}
+        rounds = 1 if args.quick else args.repeat
+        first_batch = _first_batch(work, rounds) if args.processes else {}
         resume = _resume_ms(work, args.resume_step) if args.processes else None
     print(json.dumps(_result(rates, threads, first_batch, resume, notes, args)))
 

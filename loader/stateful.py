@@ -19,8 +19,10 @@ process reaches the end first, the workers find nothing left and are shut down u
 
 Workers under ``fork`` are started before the training process starts its own
 threads (a fork with live threads can inherit a held lock); under ``spawn`` and
-``forkserver``, after its first batch is assembled, so the workers' imports do not
-compete with that batch for the CPU. Under ``forkserver`` the fork server preloads
+``forkserver``, from a background thread once the first batch is assembled, so their
+start (a fork server's ``Process.start()`` waits for the server's imports) blocks
+nothing and their imports do not compete with that batch for the CPU. Under
+``forkserver`` the fork server preloads
 :mod:`loader.dataset` (and so torch): it imports them once, and every worker, including
 the next ``iter()``'s, is a fork of it. ``loader.handed_over_at`` is the step of the
 last ``iter()``'s hand-over.
