@@ -130,8 +130,11 @@ class StatefulLoader:
             for batch in own:
                 workers.start()  # once; after the first batch is assembled unless early
                 yield batch
-            if workers.started and hand.step < end:
-                yield from workers.batches()
+            if workers.started:
+                # Raises what starting them raised, even when none of their steps is left.
+                batches = workers.batches()
+                if hand.step < end:
+                    yield from batches
         finally:
             own.close()
             workers.close()

@@ -174,3 +174,18 @@ def test_hand_over_under_spawn_and_forkserver(
     rest = list(loader)  # a new iter(): new workers from the recorded step
     assert _seen(head + rest) == _expected(snap, range(STEPS))
     assert loader.state_dict()["next_step"] == STEPS
+
+
+def test_a_worker_start_failure_is_raised_even_when_no_step_was_left(
+    snap: SynthSnapshot, tmp_path: Path
+) -> None:
+    """A spawn worker's start that fails (an unpicklable worker_init_fn) is not lost
+    because the training process happened to read every step itself."""
+    loader = StatefulLoader(
+        _ds(snap, tmp_path / "c"),
+        num_workers=1,
+        worker_init_fn=lambda _: None,  # a lambda cannot be pickled for spawn
+        multiprocessing_context="spawn",
+    )
+    with pytest.raises(Exception, match=r"pickle|lambda"):
+        list(loader)
