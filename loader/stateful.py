@@ -75,8 +75,11 @@ class StatefulLoader:
         hand_over: bool = True,
         **dataloader_kwargs: Any,
     ):
-        if dataloader_kwargs.get("persistent_workers"):
-            raise InvalidInput("persistent_workers would keep a stale cursor in the workers")
+        persistent = bool(dataloader_kwargs.pop("persistent_workers", False))
+        if persistent and not (num_workers and hand_over):
+            # Without the shared hand-over step a persistent worker keeps the cursor it
+            # was started with: after load_state_dict it would read the wrong steps.
+            raise InvalidInput("persistent_workers needs num_workers > 0 and hand_over")
         if num_workers < 0:
             raise InvalidInput(f"num_workers must be >= 0, got {num_workers}")
         dataloader_kwargs.pop("batch_size", None)
@@ -87,6 +90,8 @@ class StatefulLoader:
         self._kwargs = dataloader_kwargs
         self._next_step = dataset.next_step
         self._hand: _HandOver | None = None
+        self.persistent_workers = persistent
+        self._kept: tuple[DataLoader[dict[str, Any]], _HandOver] | None = None
 
     @property
     def handed_over_at(self) -> int | None:
@@ -115,14 +120,17 @@ class StatefulLoader:
     def _dataloader(self, dataset: IterableDataset[dict[str, Any]]) -> DataLoader[dict[str, Any]]:
         if self.num_workers:
             self._kwargs["multiprocessing_context"] = self._context
+            self._kwargs["persistent_workers"] = self.persistent_workers
         return DataLoader(dataset, batch_size=None, num_workers=self.num_workers, **self._kwargs)
 
     def _handed_over(self) -> Generator[dict[str, Any], None, None]:
         """This process's batches up to the hand-over step, then the workers'."""
         ds = self.dataset
         end = max(ds.next_step, ds._end())
-        hand = self._hand = _HandOver(self._context, ds.next_step, end)
-        workers = _Workers(self._dataloader(_FromHandOver(ds, hand)), self._context)
+        loader, hand = self._loader_and_hand(ds.next_step, end)
+        # Workers already running (persistent) are not forked again: start them later.
+        workers = _Workers(loader, self._context, forks=hand.fresh)
+        hand.fresh = False
         if workers.early:
             workers.start()
         own = ds._iterate(hand.own_steps(), track=True)
@@ -138,6 +146,22 @@ class StatefulLoader:
         finally:
             own.close()
             workers.close()
+
+    def _loader_and_hand(
+        self, start: int, end: int
+    ) -> tuple[DataLoader[dict[str, Any]], _HandOver]:
+        """A new DataLoader and hand-over cell; with persistent workers, the kept ones,
+        the cell reset to ``start`` (the workers claim from it again each ``iter()``)."""
+        if self._kept is not None:
+            loader, hand = self._kept
+            hand.reset(start, end)
+        else:
+            hand = _HandOver(self._context, start, end)
+            loader = self._dataloader(_FromHandOver(self.dataset, hand))
+            if self.persistent_workers:
+                self._kept = (loader, hand)
+        self._hand = hand
+        return loader, hand
 
     def __len__(self) -> int:
         return max(0, self.dataset._end() - self._next_step)
@@ -163,6 +187,13 @@ class _HandOver:
     def __init__(self, context: _Context, start: int, end: int):
         self._end = end
         self._cell = context.Array("q", [start, -1])
+        self.fresh = True  # no iter() has used it yet
+
+    def reset(self, start: int, end: int) -> None:
+        """A new ``iter()`` over kept workers: nothing claimed, the rank starts at ``start``."""
+        with self._cell.get_lock():
+            self._cell[0], self._cell[1] = start, -1
+        self._end = end
 
     @property
     def step(self) -> int:
@@ -213,8 +244,8 @@ class _Workers:
     because a ``forkserver`` ``Process.start()`` blocks until the server has imported
     its preloads (seconds) and a ``spawn`` one pickles the dataset per worker."""
 
-    def __init__(self, loader: DataLoader[dict[str, Any]], context: _Context):
-        self.early = context.get_start_method() == "fork"
+    def __init__(self, loader: DataLoader[dict[str, Any]], context: _Context, *, forks: bool):
+        self.early = forks and context.get_start_method() == "fork"
         self.started = False
         self._loader = loader
         self._iter: Iterator[dict[str, Any]] | None = None

@@ -151,14 +151,15 @@ def test_hand_over_off_and_bad_arguments(snap: SynthSnapshot, tmp_path: Path) ->
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["forkserver"])
-def test_hand_over_under_spawn_and_forkserver(
-    snap: SynthSnapshot, tmp_path: Path, method: str
-) -> None:
+@pytest.mark.parametrize("persistent", [False, True])
+def test_hand_over_under_forkserver(snap: SynthSnapshot, tmp_path: Path, persistent: bool) -> None:
     """The shared hand-over cell travels to workers that are not forks of this process;
-    a second iter() (resumed mid-way) continues the sequence."""
+    a second iter() (resumed mid-way; kept workers or new ones) continues the sequence."""
     loader = StatefulLoader(
-        _ds(snap, tmp_path / "c"), num_workers=2, multiprocessing_context=method
+        _ds(snap, tmp_path / "c"),
+        num_workers=2,
+        multiprocessing_context="forkserver",
+        persistent_workers=persistent,
     )
     it = iter(loader)
     head = [next(it)]
@@ -189,3 +190,26 @@ def test_a_worker_start_failure_is_raised_even_when_no_step_was_left(
     )
     with pytest.raises(Exception, match=r"pickle|lambda"):
         list(loader)
+
+
+def test_persistent_workers_take_their_start_from_the_hand_over_each_iter(
+    snap: SynthSnapshot, tmp_path: Path
+) -> None:
+    """Kept workers used to keep the cursor they were started with; now each iter()
+    they claim the hand-over step again: continuing, and after load_state_dict."""
+    loader = StatefulLoader(_ds(snap, tmp_path / "c"), num_workers=2, persistent_workers=True)
+    head = []
+    for batch in loader:
+        head.append(batch)
+        if batch["step"] == 9:
+            break
+    kept = loader._kept
+    rest = list(loader)  # the same workers, from step 10
+    assert _seen(head + rest) == _expected(snap, range(STEPS))
+    loader.load_state_dict(loader.dataset.state_dict(next_step=3))
+    again = list(loader)
+    assert _seen(again) == _expected(snap, range(3, STEPS))
+    assert loader._kept is kept and loader.state_dict()["next_step"] == STEPS
+    for bad in ({"num_workers": 0}, {"num_workers": 2, "hand_over": False}):
+        with pytest.raises(InvalidInput, match="persistent_workers"):
+            StatefulLoader(loader.dataset, persistent_workers=True, **bad)  # type: ignore[arg-type]
