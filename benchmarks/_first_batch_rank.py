@@ -5,7 +5,8 @@ imports (torch and the loader), reads the first batch through a ``StatefulLoader
 and prints one JSON line of wall-clock times (``time.time()``, to be subtracted from
 the parent's start time).
 
-Argument: one JSON object ``{"url", "kw", "workers", "context", "hand_over"}``.
+Argument: one JSON object ``{"url", "kw", "workers", "context", "hand_over",
+"persistent"}``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def main() -> None:
         num_workers=args["workers"],
         hand_over=args["hand_over"],
         multiprocessing_context=args["context"],
+        persistent_workers=args.get("persistent", False),
     )
     it = iter(loader)
     first = next(it)
@@ -49,7 +51,8 @@ def main() -> None:
     handed_over_at = loader.handed_over_at
     steps = [int(first["step"])] + [int(b["step"]) for b in it]
     assert steps == list(range(len(steps))), steps
-    # A second iter() (a new epoch, a resume): new workers; a fork server is warm now.
+    # A second iter() (a new epoch, a resume): new workers (a fork server is warm now),
+    # or the same ones when persistent.
     loader.load_state_dict(ds.state_dict(next_step=0))
     t_again = time.time()
     it = iter(loader)

@@ -25,9 +25,10 @@ training script that imports torch and the loader, nothing else) reading through
 ``StatefulLoader`` with ``num_workers=2`` spawned workers and a warm node cache, from
 starting it to its first batch, with its parts (``first_batch_parts_s``) and against
 ``torch_floor_s``, a fresh interpreter that only imports torch (``x_torch_floor``);
-the same with ``hand_over=False`` (``_no_hand_over``), with ``forkserver`` and ``fork``
-workers; ``workers_ready_s*``, when the workers claimed the hand-over (the first
-batch without one); ``workers_ready_again_s*``, the same for a second ``iter()``
+the same with ``hand_over=False`` (``_no_hand_over``), with persistent spawn workers
+(``_spawn_persistent``), with ``forkserver`` and ``fork`` workers;
+``workers_ready_s*``, when the workers claimed the hand-over (the first batch without
+one); ``workers_ready_again_s*``, the same for a second ``iter()``
 (medians of ``--repeat`` rounds, one with ``--quick``); ``resume_ms``, a fresh
 spawned process resuming at step ``--resume-step`` of a long plan, from constructing
 the dataset to its first sample (``resume_ms_loader``: through a ``StatefulLoader``
@@ -288,12 +289,14 @@ def _in_spawned(target: Callable[..., None], *args: Any) -> tuple[Any, Any, floa
     return value, step, t0
 
 
-#: (workers' start method, hand-over on) per first-batch variant; the first is the figure.
+#: (workers' start method, hand-over on, persistent workers) per first-batch variant;
+#: the first is the figure.
 FIRST_BATCH = {
-    "": ("spawn", True),
-    "_no_hand_over": ("spawn", False),
-    "_forkserver": ("forkserver", True),
-    "_fork": ("fork", True),
+    "": ("spawn", True, False),
+    "_no_hand_over": ("spawn", False, False),
+    "_spawn_persistent": ("spawn", True, True),
+    "_forkserver": ("forkserver", True, False),
+    "_fork": ("fork", True, False),
 }
 
 
@@ -313,8 +316,9 @@ def _first_batch(work: Path, rounds: int) -> dict[str, Any]:
     for _ in range(rounds):
         t0, t = _fresh(["-c", _TORCH_FLOOR])
         runs.setdefault("torch_floor_s", []).append(t["torch"] - t0)
-        for name, (context, hand_over) in FIRST_BATCH.items():
+        for name, (context, hand_over, persistent) in FIRST_BATCH.items():
             arg = {"url": snap.url, "kw": kw, "workers": 2, "context": context}
+            arg["persistent"] = persistent
             t0, t = _fresh(
                 ["-m", "benchmarks._first_batch_rank", json.dumps({**arg, "hand_over": hand_over})]
             )
