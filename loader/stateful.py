@@ -26,6 +26,14 @@ nothing and their imports do not compete with that batch for the CPU. Under
 :mod:`loader.dataset` (and so torch): it imports them once, and every worker, including
 the next ``iter()``'s, is a fork of it. ``loader.handed_over_at`` is the step of the
 last ``iter()``'s hand-over.
+
+**Persistent workers.** A DataLoader's kept workers start each epoch's iterator again
+but keep the dataset copy (and cursor) they were started with, which is why a bare
+DataLoader over the dataset must not keep them. ``StatefulLoader`` keeps one DataLoader
+and one cell; each ``iter()`` resets the cell to the recorded step and the kept
+workers, ready at once, claim their start from it (the first step or close to it). A
+claim made late by an iterator of the epoch before lands on the new cell too, and is
+then the hand-over both sides use: the DataLoader drops that iterator's batches.
 """
 
 from __future__ import annotations
@@ -54,8 +62,8 @@ class StatefulLoader:
     """A ``DataLoader`` over a :class:`SnapshotDataset` that knows where to resume.
 
     A new DataLoader (and new workers) is made for every ``iter()``, starting at the
-    recorded step; with workers, the first steps are read in this process until they
-    are ready (see the module docstring).
+    recorded step, unless ``persistent_workers``; with workers, the first steps are read
+    in this process until they are ready (see the module docstring).
 
     Args:
         dataset: the dataset.
@@ -63,8 +71,9 @@ class StatefulLoader:
         hand_over: with workers, read the first steps in this process while they start
             (default on; off: wait for the workers' first batch).
         **dataloader_kwargs: passed on (``pin_memory``, ``prefetch_factor``,
-            ``multiprocessing_context``, …); ``batch_size`` is always None and
-            ``persistent_workers`` must stay off.
+            ``multiprocessing_context``, ``persistent_workers``, …); ``batch_size`` is
+            always None. ``persistent_workers`` needs workers and ``hand_over``: kept
+            workers claim their start step from the hand-over cell on every ``iter()``.
     """
 
     def __init__(
