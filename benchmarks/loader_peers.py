@@ -20,11 +20,19 @@ each figure is the median, so load on a shared machine hits every system alike.
 
 Also measured: ``verify_x_hash_floor``, vidlake with verification at 8 MB against
 hashlib's SHA-256 over the same bytes in memory times the threads used;
-``first_batch_s``, a rank started by ``multiprocessing`` spawn reading through a
-``StatefulLoader`` with ``num_workers=2`` (spawned workers too) and a warm node cache,
-from ``Process.start()`` to its first batch; ``resume_ms``, a fresh spawned process
-resuming at step ``--resume-step`` of a long plan, from constructing the dataset to its
-first sample.
+``first_batch_s``, a fresh rank (``python -m benchmarks._first_batch_rank``, a
+training script that imports torch and the loader, nothing else) reading through a
+``StatefulLoader`` with ``num_workers=2`` spawned workers and a warm node cache, from
+starting it to its first batch, with its parts (``first_batch_parts_s``) and against
+``torch_floor_s``, a fresh interpreter that only imports torch (``x_torch_floor``);
+the same with ``hand_over=False`` (``_no_hand_over``), with persistent spawn workers
+(``_spawn_persistent``), with ``forkserver`` and ``fork`` workers;
+``workers_ready_s*``, when the workers claimed the hand-over (the first batch without
+one); ``workers_ready_again_s*``, the same for a second ``iter()``
+(medians of ``--repeat`` rounds, one with ``--quick``); ``resume_ms``, a fresh
+spawned process resuming at step ``--resume-step`` of a long plan, from constructing
+the dataset to its first sample (``resume_ms_loader``: through a ``StatefulLoader``
+with 2 spawned workers, whose first steps the hand-over reads in-process).
 
 Prints one JSON line. ``--quick`` sizes the sets so the run takes < 1 minute on 2 cores.
 """
@@ -32,11 +40,13 @@ Prints one JSON line. ``--quick`` sizes the sets so the run takes < 1 minute on 
 from __future__ import annotations
 
 import argparse
+import compileall
 import hashlib
 import json
 import multiprocessing
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +61,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loader.cache import forget_verified
-from loader.dataset import SnapshotDataset, StatefulLoader
+from loader.dataset import SnapshotDataset
 from manifests.synthetic import write_big_snapshot, write_snapshot
 
 MiB = 1 << 20
@@ -250,25 +260,25 @@ def _hash_floor(nbytes: int, threads: int) -> float:
 
 
 # -- fresh processes ----------------------------------------------------------------------
-def _first_batch_child(url: str, kw: dict[str, Any], conn: Any) -> None:
-    ds = SnapshotDataset(url, 1, **kw)
-    it = iter(StatefulLoader(ds, num_workers=2, multiprocessing_context="spawn"))
-    first = next(it)
-    conn.send((time.time(), int(first["step"])))
-    del it
+def _resume_child(
+    url: str, kw: dict[str, Any], state: dict[str, Any], workers: int, conn: Any
+) -> None:
+    """Resume at ``state`` in this fresh process: the dataset's own iterator, or a
+    ``StatefulLoader`` with ``workers`` spawned workers (the hand-over's first steps)."""
+    from loader.stateful import StatefulLoader
 
-
-def _resume_child(url: str, kw: dict[str, Any], state: dict[str, Any], conn: Any) -> None:
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     ds = SnapshotDataset(url, 1, **kw)
-    ds.load_state_dict(state)
-    it = iter(ds)
+    loader = StatefulLoader(ds, num_workers=workers, multiprocessing_context="spawn")
+    loader.load_state_dict(state)
+    it = iter(loader if workers else ds)
     first = next(it)
-    conn.send(((time.perf_counter() - t0) * 1000, int(first["step"])))
+    ms = ((time.perf_counter() - t0) * 1000, (time.process_time() - c0) * 1000)
+    conn.send((ms, int(first["step"])))
     it.close()
 
 
-def _in_spawned(target: Callable[..., None], *args: Any) -> tuple[float, Any, float]:
+def _in_spawned(target: Callable[..., None], *args: Any) -> tuple[Any, Any, float]:
     ctx = multiprocessing.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     t0 = time.time()
@@ -279,16 +289,94 @@ def _in_spawned(target: Callable[..., None], *args: Any) -> tuple[float, Any, fl
     return value, step, t0
 
 
-def _first_batch_s(work: Path) -> float:
-    snap = write_snapshot(work / "fb-store", num_rows=64, num_steps=8, batch_size=8)
+#: (workers' start method, hand-over on, persistent workers) per first-batch variant;
+#: the first is the figure.
+FIRST_BATCH = {
+    "": ("spawn", True, False),
+    "_no_hand_over": ("spawn", False, False),
+    "_spawn_persistent": ("spawn", True, True),
+    "_forkserver": ("forkserver", True, False),
+    "_fork": ("fork", True, False),
+}
+
+
+#: The floor of a rank's first batch: a fresh interpreter that only imports torch.
+_TORCH_FLOOR = "import json, time, torch; print(json.dumps({'torch': time.time()}))"
+
+
+def _first_batch(work: Path, rounds: int) -> dict[str, Any]:
+    """Each variant in a fresh rank (``_first_batch_rank.py``), ``rounds`` interleaved
+    rounds with the torch-import floor, medians: seconds from starting it to its first
+    batch, to its workers' claim, the parts of the first figure."""
+    snap = write_snapshot(work / "fb-store", num_rows=64, num_steps=16, batch_size=8)
     kw = _common(work / "fb-node", None)
     _iterate(iter(SnapshotDataset(snap.url, 1, **kw)))  # a warm node cache
-    at, step, t0 = _in_spawned(_first_batch_child, snap.url, kw)
-    assert step == 0
-    return float(at - t0)
+    kw["cache_dir"] = str(kw["cache_dir"])
+    runs: dict[str, list[Any]] = {}
+    for _ in range(rounds):
+        t0, t = _fresh(["-c", _TORCH_FLOOR])
+        runs.setdefault("torch_floor_s", []).append(t["torch"] - t0)
+        for name, (context, hand_over, persistent) in FIRST_BATCH.items():
+            arg = {"url": snap.url, "kw": kw, "workers": 2, "context": context}
+            arg["persistent"] = persistent
+            t0, t = _fresh(
+                ["-m", "benchmarks._first_batch_rank", json.dumps({**arg, "hand_over": hand_over})]
+            )
+            for key, value in _first_batch_figures(name, t0, t).items():
+                runs.setdefault(key, []).append(value)
+    out = {k: round(statistics.median(v), 3) for k, v in runs.items()}
+    out["x_torch_floor"] = round(out["first_batch_s"] / out["torch_floor_s"], 3)
+    parts = [k for k in out if k.startswith("part_")]
+    out["first_batch_parts_s"] = {k.removeprefix("part_"): out.pop(k) for k in parts}
+    return out
 
 
-def _resume_ms(work: Path, resume_step: int) -> float:
+def _first_batch_figures(name: str, t0: float, t: dict[str, Any]) -> dict[str, float]:
+    out = {
+        f"first_batch_s{name}": t["first"] - t0,
+        f"workers_ready_s{name}": t["workers_ready"] - t0,
+        f"workers_ready_again_s{name}": t["workers_ready_again_s"],
+    }
+    if not name:
+        out.update(
+            part_to_main=t["main"] - t0,
+            part_import_torch=t["torch"] - t["main"],
+            part_import_loader=t["import"] - t["torch"],
+            part_open_plan=t["plan"] - t["import"],
+            part_first_step=t["first"] - t["plan"],
+            handed_over_at=t["handed_over_at"],
+        )
+    return out
+
+
+def _fresh(argv: list[str]) -> tuple[float, dict[str, Any]]:
+    """Run a fresh interpreter from the repository root; its start time and JSON line."""
+    t0 = time.time()
+    run = subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    return t0, json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def _compile_project() -> None:
+    """Write the project's bytecode, as ``pip install`` does: a fresh process must not
+    spend its first batch compiling sources (under PYTHONDONTWRITEBYTECODE it would,
+    in every process: ~1 s of the loader's import here, ~50 ms of a resume)."""
+    root = Path(__file__).resolve().parents[1]
+    for package in ("loader", "catalog", "manifests", "benchmarks"):
+        compileall.compile_dir(root / package, quiet=1)
+
+
+def _resume(work: Path, resume_step: int, rounds: int) -> dict[str, float]:
+    """Medians of ``rounds``: ``resume_ms`` (the dataset) and ``resume_ms_loader`` (a
+    ``StatefulLoader`` with 2 spawned workers), each in a fresh spawned process, and
+    the CPU time that process spent meanwhile (``resume_cpu_ms*``, all its threads:
+    on a loaded box the wall clock is mostly waiting for a core)."""
     big, _ = write_big_snapshot(
         work / "resume-store", num_steps=resume_step + 10, batch_size=8, workdir=work
     )
@@ -297,9 +385,14 @@ def _resume_ms(work: Path, resume_step: int) -> float:
     state = {"version": 1, "plan_sha256": warm.plan.plan_sha256, "next_step": resume_step}
     warm.load_state_dict(state)
     next(iter(warm))  # the plan on the node, the step's objects in the cache
-    ms, step, _ = _in_spawned(_resume_child, big.url, kw, state)
-    assert step == resume_step
-    return float(ms)
+    runs: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for key, workers in (("resume_ms", 0), ("resume_ms_loader", 2)):
+            (ms, cpu_ms), step, _ = _in_spawned(_resume_child, big.url, kw, state, workers)
+            assert step == resume_step
+            runs.setdefault(key, []).append(float(ms))
+            runs.setdefault(key.replace("_ms", "_cpu_ms"), []).append(float(cpu_ms))
+    return {k: round(statistics.median(v), 2) for k, v in runs.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -316,6 +409,12 @@ def main(argv: list[str] | None = None) -> None:
         help="skip first_batch_s and resume_ms (spawned processes)",
     )
     parser.add_argument(
+        "--no-first-batch",
+        dest="first_batch",
+        action="store_false",
+        help="skip first_batch_s (resume_ms still runs)",
+    )
+    parser.add_argument(
         "--sizes", default=",".join(SIZES), help=f"comma-separated subset of {list(SIZES)}"
     )
     parser.add_argument("--resume-step", type=int, default=1_000_000)
@@ -330,21 +429,24 @@ def main(argv: list[str] | None = None) -> None:
     rates: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         work = Path(tmp)
-        for name in args.sizes.split(","):
+        for name in filter(None, args.sizes.split(",")):
             nbytes, counts, batch = SIZES[name]
             (work / name).mkdir()
             n = counts[1] if args.quick else counts[0]
             rates[name] = _measure_size(work / name, nbytes, n, batch, args, notes)
-        first_batch = _first_batch_s(work) if args.processes else None
-        resume = _resume_ms(work, args.resume_step) if args.processes else None
+        rounds = 1 if args.quick else args.repeat
+        if args.processes:
+            _compile_project()
+        first_batch = _first_batch(work, rounds) if args.processes and args.first_batch else {}
+        resume = _resume(work, args.resume_step, rounds) if args.processes else {}
     print(json.dumps(_result(rates, threads, first_batch, resume, notes, args)))
 
 
 def _result(
     rates: dict[str, dict[str, float]],
     threads: int,
-    first_batch: float | None,
-    resume: float | None,
+    first_batch: dict[str, Any],
+    resume: dict[str, float],
     notes: dict[str, str],
     args: argparse.Namespace,
 ) -> dict[str, Any]:
@@ -368,9 +470,11 @@ def _result(
         out["verify_gb_s_8mb"] = round(verify_bytes_s / 1e9, 3)
         out["hash_floor_gb_s"] = round(floor / 1e9, 3)
         out["verify_x_hash_floor"] = round(verify_bytes_s / floor, 3)
-    out["first_batch_s"] = None if first_batch is None else round(first_batch, 3)
+    out["first_batch_s"] = None
+    out.update(first_batch)
     out["resume_step"] = args.resume_step
-    out["resume_ms"] = None if resume is None else round(resume, 2)
+    out["resume_ms"] = None
+    out.update(resume)
     out["load_avg"] = round(os.getloadavg()[0], 2)
     out["notes"] = notes
     return out

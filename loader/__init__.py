@@ -15,7 +15,7 @@ _LAZY = {
     "PlanReader": "loader.plan",
     "open_plan": "loader.plan",
     "SnapshotDataset": "loader.dataset",
-    "StatefulLoader": "loader.dataset",
+    "StatefulLoader": "loader.stateful",
 }
 
 

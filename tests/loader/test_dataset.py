@@ -278,7 +278,7 @@ def test_stateful_loader_tracks_steps_across_workers(tmp_path: Path) -> None:
         _check_batch(snap, batch, 3, 4)
     assert again.state_dict()["next_step"] == 14
     with pytest.raises(InvalidInput):
-        StatefulLoader(loader.dataset, num_workers=1, persistent_workers=True)
+        StatefulLoader(loader.dataset, num_workers=1, persistent_workers=True, hand_over=False)
 
 
 def test_dataset_pickles_before_and_after_use(tmp_path: Path) -> None:
