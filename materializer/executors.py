@@ -90,7 +90,14 @@ def parse_executor(spec: str | None) -> ExecutorSpec:
 class Executor(Protocol):
     """Runs ``fn(shared, task)`` for every task; results in task order."""
 
-    def map(self, fn: Callable[[S, T], R], shared: S, tasks: Sequence[T]) -> list[R]: ...
+    def map(
+        self,
+        fn: Callable[[S, T], R],
+        shared: S,
+        tasks: Sequence[T],
+        *,
+        label: str = "partition",
+    ) -> list[R]: ...
 
 
 def open_executor(spec: ExecutorSpec | str | None, *, ray_address: str | None = None) -> Executor:
@@ -111,46 +118,56 @@ class LocalExecutor:
     def __init__(self, processes: int | None = None) -> None:
         self.processes = processes
 
-    def map(self, fn: Callable[[S, T], R], shared: S, tasks: Sequence[T]) -> list[R]:
+    def map(
+        self,
+        fn: Callable[[S, T], R],
+        shared: S,
+        tasks: Sequence[T],
+        *,
+        label: str = "partition",
+    ) -> list[R]:
         workers = min(self.processes or os.cpu_count() or 1, len(tasks))
         if workers <= 1:
-            return [_in_process(fn, shared, t, i, len(tasks)) for i, t in enumerate(tasks)]
+            return [_in_process(fn, shared, tasks, i, label) for i in range(len(tasks))]
         # spawn: the parent holds DuckDB and pyiceberg threads, which fork would copy.
         context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(
             workers, mp_context=context, initializer=_set_shared, initargs=(shared,)
         ) as pool:
             futures = [pool.submit(_call_shared, fn, t) for t in tasks]
-            return [_result(f, i, futures, "local") for i, f in enumerate(futures)]
+            return [_result(f, i, futures, label) for i, f in enumerate(futures)]
 
 
-def _in_process(fn: Callable[[S, T], R], shared: S, task: T, i: int, n: int) -> R:
+def _in_process(fn: Callable[[S, T], R], shared: S, tasks: Sequence[T], i: int, label: str) -> R:
     try:
-        return fn(shared, task)
+        return fn(shared, tasks[i])
     except Exception as exc:
-        raise task_failed(exc, i, n, "local") from exc
+        raise task_failed(exc, i, len(tasks), "local", label=label) from exc
 
 
-def _result(future: Future[R], i: int, futures: list[Future[R]], executor: str) -> R:
+def _result(future: Future[R], i: int, futures: list[Future[R]], label: str) -> R:
     try:
         return future.result()
     except Exception as exc:
         for other in futures:
             other.cancel()
-        raise task_failed(exc, i, len(futures), executor) from exc
+        raise task_failed(exc, i, len(futures), "local", label=label) from exc
 
 
-def task_failed(exc: BaseException, i: int, n: int, executor: str) -> VidlakeError:
+def task_failed(
+    exc: BaseException, i: int, n: int, executor: str, *, label: str = "partition"
+) -> VidlakeError:
     """The error a map raises when task ``i`` of ``n`` failed with ``exc``: a
     :class:`VidlakeError` of its own class gains the partition (message and details),
-    anything else becomes a :class:`StorageError` that names it."""
-    where = f"partition {i} of {n}"
+    anything else becomes a :class:`StorageError` that names it. ``label`` names the
+    stage's tasks (``partition``, ``asset partition``)."""
+    where = f"{label} {i} of {n}"
     if isinstance(exc, VidlakeError):
         exc.message = f"{where}: {exc.message}"
         exc.args = (exc.message,)
         exc.details.update(partition=i, partitions=n)
         return exc
-    if isinstance(exc, BrokenProcessPool):
+    if isinstance(exc, BrokenProcessPool | WorkerDied):
         cause = "its worker process died (killed, or out of memory)"
     else:
         cause = f"{type(exc).__name__}: {exc}"
@@ -160,6 +177,10 @@ def task_failed(exc: BaseException, i: int, n: int, executor: str) -> VidlakeErr
         partitions=n,
         executor=executor,
     )
+
+
+class WorkerDied(Exception):
+    """A task's worker process died (Ray's ``WorkerCrashedError``, its OOM kill)."""
 
 
 _SHARED: list[Any] = []
@@ -179,7 +200,14 @@ class RayExecutor:
     def __init__(self, address: str) -> None:
         self.address = address
 
-    def map(self, fn: Callable[[S, T], R], shared: S, tasks: Sequence[T]) -> list[R]:
+    def map(
+        self,
+        fn: Callable[[S, T], R],
+        shared: S,
+        tasks: Sequence[T],
+        *,
+        label: str = "partition",
+    ) -> list[R]:
         ray = _ray()
         if not ray.is_initialized():
             try:
@@ -199,12 +227,17 @@ class RayExecutor:
             except Exception as exc:
                 for other in refs[i + 1 :]:
                     ray.cancel(other, force=True)
-                raise task_failed(_ray_cause(exc), i, len(refs), self.address) from exc
+                cause = _ray_cause(exc, ray)
+                raise task_failed(cause, i, len(refs), self.address, label=label) from exc
         return results
 
 
-def _ray_cause(exc: Exception) -> BaseException:
-    """The task's own exception inside Ray's ``RayTaskError`` (else ``exc``)."""
+def _ray_cause(exc: Exception, ray: Any) -> BaseException:
+    """The task's own exception inside Ray's ``RayTaskError``; a worker that died (after
+    Ray's retries of the task) as :class:`WorkerDied`; else ``exc``."""
+    died = (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError)
+    if isinstance(exc, died):
+        return WorkerDied(str(exc))
     cause = getattr(exc, "cause", None)
     return cause if isinstance(cause, BaseException) else exc
 
