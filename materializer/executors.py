@@ -15,15 +15,19 @@ One seam, three implementations, chosen by a spec string (``vidlake cut --execut
     notebook) is used as it is. Ray is the optional extra ``vidlake[ray]``.
 
 Every executor runs ``fn(shared, task)`` for each task and returns the results in task
-order; ``shared`` (the broadcast set) is sent to each worker once, not once per task
-(a pool initializer; ``ray.put``). The results do not depend on the executor: the
-artifacts of a cut are byte-identical for every one of them.
+order; ``shared`` (what every task needs, :mod:`materializer.partition`) is sent to
+each worker once, not once per task (a pool initializer; ``ray.put``). The results
+do not depend on the executor: the artifacts of a cut are byte-identical for every
+one of them.
 
-A task that fails fails the map, naming it (``partition i of n`` in the message,
-``partition`` and ``partitions`` in the details; :func:`task_failed`): a
+A task that fails fails the map, naming it (``partition i of n`` in the message, or
+the map's ``label`` for ``partition``: ``asset partition i of n``; ``partition`` and
+``partitions`` in the details; :func:`task_failed`): a
 :class:`~catalog.errors.VidlakeError` keeps its class, anything else (a bug, a worker
-out of memory or killed, which a pool reports as a broken pool) is a
-:class:`~catalog.errors.StorageError`. The remaining tasks are cancelled.
+out of memory or killed, which a pool reports as a broken pool and Ray as a crashed
+worker) is a :class:`~catalog.errors.StorageError`. The remaining tasks are
+cancelled. Ray retries a task whose worker died (``max_retries``, its default 3)
+before the map fails; an exception the task raises itself is not retried.
 """
 
 from __future__ import annotations
@@ -195,10 +199,12 @@ def _call_shared(fn: Callable[[Any, Any], Any], task: Any) -> Any:
 
 
 class RayExecutor:
-    """Ray tasks (one CPU each) on the cluster at ``address``."""
+    """Ray tasks (one CPU each) on the cluster at ``address``; a task whose worker
+    died is retried ``max_retries`` times (Ray's default, 3) before the map fails."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, *, max_retries: int = 3) -> None:
         self.address = address
+        self.max_retries = max_retries
 
     def map(
         self,
@@ -217,7 +223,7 @@ class RayExecutor:
                     f"cannot connect to the Ray cluster at {self.address!r}: {exc}",
                     executor=self.address,
                 ) from exc
-        remote = ray.remote(num_cpus=1)(fn)
+        remote = ray.remote(num_cpus=1, max_retries=self.max_retries)(fn)
         ref = ray.put(shared)
         refs = [remote.remote(ref, t) for t in tasks]
         results: list[R] = []
