@@ -13,12 +13,17 @@ fresh subprocess (its own peak RSS):
 * ``ray``: Ray tasks on a 2-CPU cluster started on 127.0.0.1 (smallest size only, and
   only where Ray is installed; the cluster's start is not timed).
 
+The plain cut holds the whole join in one process (about 4 KB per clip): above
+``--one-max`` clips (default 1M) it is left out, and ``identical`` compares the
+partitioned configurations there.
+
 Prints one JSON line: per size and configuration the wall time, the driver's peak RSS
 and (pool) the largest worker's peak RSS; then ``rss_growth`` (pool worker peak RSS at
 the largest size / at the smallest: flat when <= 1.2), ``time_growth`` (pool time at the
 largest / smallest, against ``size_growth``: linear when about equal), ``speedup_2_procs``
 (local1 time / local2 time), ``ray_overhead`` (Ray time / local2 time) and
-``identical`` (every configuration gave the same artifact bytes, per size).
+``identical`` (every configuration gave the same artifact bytes, per size), and the
+load average at the start and the end (``load``).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -211,6 +217,16 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="20k, 40k and 80k clips (smoke)")
     parser.add_argument("--partition-clips", type=int, default=None)
     parser.add_argument("--plan-rows", type=int, default=1 << 20)
+    parser.add_argument(
+        "--one-max", type=int, default=1_000_000, help="largest size cut by the plain cut too"
+    )
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=["one", "local1", "local2", "ray"],
+        choices=["one", "local1", "local2", "ray"],
+        help="the configurations to run (local2 always runs: the ratios need it)",
+    )
     parser.add_argument("--measure", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -220,12 +236,16 @@ def main() -> None:
     sizes = [20_000, 40_000, 80_000] if args.tiny else args.sizes
     sizes = [100_000, 200_000, 400_000] if args.quick else sizes
     per = args.partition_clips or max(10_000, sizes[0] // 4)
-    print(json.dumps(run(sizes, per, args.plan_rows)))
+    configs = set(args.configs) | {"local2"}
+    print(json.dumps(run(sizes, per, args.plan_rows, args.one_max, configs)))
 
 
-def run(sizes: list[int], per: int, plan_rows: int) -> dict[str, Any]:
+def run(
+    sizes: list[int], per: int, plan_rows: int, one_max: int, wanted: set[str]
+) -> dict[str, Any]:
     results: dict[str, dict[str, Any]] = {}
     identical = True
+    load = [round(os.getloadavg()[0], 1)]
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             root = Path(tmp) / f"c{n}"
@@ -236,14 +256,18 @@ def run(sizes: list[int], per: int, plan_rows: int) -> dict[str, Any]:
                 "partitions": parts,
                 "build_s": round(time.perf_counter() - t0, 1),
             }
-            configs = ["one", "local1", "local2"] + (
-                ["ray"] if n == sizes[0] and _has_ray() else []
-            )
+            configs = ["one"] if n <= one_max else []
+            configs += ["local1", "local2"]
+            configs += ["ray"] if n == sizes[0] and _has_ray() else []
+            configs = [c for c in configs if c in wanted]
             for config in configs:
                 row[config] = _run(root, config, parts, plan_rows)
             identical &= len({row[c]["artifacts_sha256"] for c in configs}) == 1
             results[str(n)] = row
+            print(json.dumps({"progress": n, **row}), file=sys.stderr, flush=True)
+    load.append(round(os.getloadavg()[0], 1))
     first, last = results[str(sizes[0])], results[str(sizes[-1])]
+    one = [results[str(n)]["one"] for n in sizes if "one" in results[str(n)]]
     ray = first.get("ray")
     return {
         "benchmark": "cut_scale",
@@ -252,13 +276,18 @@ def run(sizes: list[int], per: int, plan_rows: int) -> dict[str, Any]:
         "results": results,
         "size_growth": sizes[-1] / sizes[0],
         "rss_growth": round(last["local2"]["worker_rss_mb"] / first["local2"]["worker_rss_mb"], 3),
-        "one_process_rss_growth": round(
-            last["one"]["driver_rss_mb"] / first["one"]["driver_rss_mb"], 3
+        "one_process_rss_growth": (
+            round(one[-1]["driver_rss_mb"] / one[0]["driver_rss_mb"], 3) if len(one) > 1 else None
         ),
         "time_growth": round(last["local2"]["wall_s"] / first["local2"]["wall_s"], 3),
-        "speedup_2_procs": round(last["local1"]["wall_s"] / last["local2"]["wall_s"], 3),
+        "speedup_2_procs": (
+            round(last["local1"]["wall_s"] / last["local2"]["wall_s"], 3)
+            if "local1" in last
+            else None
+        ),
         "ray_overhead": round(ray["wall_s"] / first["local2"]["wall_s"], 3) if ray else None,
         "identical": identical,
+        "load": load,
     }
 
 

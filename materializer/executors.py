@@ -16,7 +16,7 @@ One seam, three implementations, chosen by a spec string (``vidlake cut --execut
 
 Every executor runs ``fn(shared, task)`` for each task and returns the results in task
 order; ``shared`` (what every task needs, :mod:`materializer.partition`) is sent to
-each worker once, not once per task (a pool initializer; ``ray.put``). The results
+each worker once, not once per task (a file the pool's workers load; ``ray.put``). The results
 do not depend on the executor: the artifacts of a cut are byte-identical for every
 one of them.
 
@@ -34,11 +34,15 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import re
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from catalog.errors import InvalidInput, NotInstalled, StorageError, VidlakeError
@@ -117,10 +121,29 @@ def open_executor(spec: ExecutorSpec | str | None, *, ray_address: str | None = 
 
 
 class LocalExecutor:
-    """A process pool of ``processes`` (None: one per CPU); 1 runs in this process."""
+    """A process pool of ``processes`` (None: one per CPU); 1 runs in this process.
+
+    Inside ``with executor:`` every map reuses one pool, so that a partitioned cut's
+    stages spawn (and import in) their workers once; outside, each map has its own
+    pool, shut down when it returns. A map's ``shared`` is pickled once to a file of
+    the pool's and loaded once per worker and map."""
 
     def __init__(self, processes: int | None = None) -> None:
         self.processes = processes
+        self._pool: ProcessPoolExecutor | None = None
+        self._size = 0
+        self._depth = 0
+        self._maps = 0
+        self._dir: str | None = None
+
+    def __enter__(self) -> LocalExecutor:
+        self._depth += 1
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self._close()
 
     def map(
         self,
@@ -133,13 +156,40 @@ class LocalExecutor:
         workers = min(self.processes or os.cpu_count() or 1, len(tasks))
         if workers <= 1:
             return [_in_process(fn, shared, tasks, i, label) for i in range(len(tasks))]
-        # spawn: the parent holds DuckDB and pyiceberg threads, which fork would copy.
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(
-            workers, mp_context=context, initializer=_set_shared, initargs=(shared,)
-        ) as pool:
-            futures = [pool.submit(_call_shared, fn, t) for t in tasks]
-            return [_result(f, i, futures, label) for i, f in enumerate(futures)]
+        with self:
+            pool, blob = self._open(workers), self._share(shared)
+            try:
+                futures = [pool.submit(_call_shared, fn, blob, t) for t in tasks]
+                return [_result(f, i, futures, label) for i, f in enumerate(futures)]
+            except BaseException:
+                self._close()  # a failed map's pool (perhaps broken) is not reused
+                raise
+            finally:
+                Path(blob).unlink(missing_ok=True)
+
+    def _open(self, workers: int) -> ProcessPoolExecutor:
+        if self._pool is None or workers > self._size:
+            self._close()
+            # spawn: the parent holds DuckDB and pyiceberg threads, which fork would copy.
+            context = multiprocessing.get_context("spawn")
+            self._pool, self._size = ProcessPoolExecutor(workers, mp_context=context), workers
+            self._dir = tempfile.mkdtemp(prefix="vidlake-pool-")
+        return self._pool
+
+    def _share(self, shared: Any) -> str:
+        assert self._dir is not None
+        self._maps += 1
+        path = Path(self._dir) / f"shared-{self._maps}.pickle"
+        path.write_bytes(pickle.dumps(shared, protocol=5))
+        return str(path)
+
+    def _close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool, self._size = None, 0
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
 
 def _in_process(fn: Callable[[S, T], R], shared: S, tasks: Sequence[T], i: int, label: str) -> R:
@@ -187,15 +237,15 @@ class WorkerDied(Exception):
     """A task's worker process died (Ray's ``WorkerCrashedError``, its OOM kill)."""
 
 
-_SHARED: list[Any] = []
+#: In a pool worker: the path of the map's shared value last loaded, and the value.
+_SHARED: dict[str, Any] = {}
 
 
-def _set_shared(shared: Any) -> None:
-    _SHARED[:] = [shared]
-
-
-def _call_shared(fn: Callable[[Any, Any], Any], task: Any) -> Any:
-    return fn(_SHARED[0], task)
+def _call_shared(fn: Callable[[Any, Any], Any], blob: str, task: Any) -> Any:
+    if blob not in _SHARED:
+        _SHARED.clear()
+        _SHARED[blob] = pickle.loads(Path(blob).read_bytes())
+    return fn(_SHARED[blob], task)
 
 
 class RayExecutor:

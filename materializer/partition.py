@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -290,7 +291,10 @@ def partitioned_candidates(
     clip_ranges = [bucket_bounds(p, partitions) for p in range(partitions)]
     count = asset_partitions(plans["assets"].rows, plans["clips"].rows, partitions)
     asset_ranges = [bucket_bounds(p, count) for p in range(count)]
-    with tempfile.TemporaryDirectory(prefix="vidlake-cut-", dir=scratch) as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="vidlake-cut-", dir=scratch) as tmp,
+        _pool_session(executor),
+    ):
         shards = tuple(
             Shard(str(Path(tmp) / f"assets-{p:05d}"), *r) for p, r in enumerate(asset_ranges)
         )
@@ -305,6 +309,12 @@ def partitioned_candidates(
         query = ViewQuery.of(recipe, coverage=coverage)
         shared = ClipShared(query, EvalSets.of(parts), shards, empty)
         return merge(executor.map(run_partition, shared, tasks), recipe)
+
+
+def _pool_session(executor: Executor) -> AbstractContextManager[Any]:
+    """``executor`` itself where it keeps a pool for the maps inside it (the local
+    pool), so that both stages share its workers; else nothing."""
+    return executor if isinstance(executor, AbstractContextManager) else nullcontext()
 
 
 def asset_partitions(asset_rows: int, clip_rows: int, partitions: int) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -139,3 +140,20 @@ def test_a_recipe_pickles_for_pool_and_ray_workers() -> None:
     recipe = load_recipe(data)
     again = pickle.loads(pickle.dumps(recipe))
     assert again == recipe and again.sha256() == recipe.sha256()
+
+
+def _slow_pid(shared: float, task: int) -> int:
+    time.sleep(shared)  # long enough that both workers take tasks
+    return os.getpid()
+
+
+@pytest.mark.slow  # spawns a pool of 2 twice
+def test_a_pool_serves_every_map_inside_with_and_a_broken_one_is_replaced() -> None:
+    pool = LocalExecutor(2)
+    with pool:
+        first = set(pool.map(_slow_pid, 0.3, [0, 1, 2, 3]))
+        assert set(pool.map(_slow_pid, 0.3, [0, 1, 2, 3])) == first and len(first) == 2
+        with pytest.raises(StorageError, match="worker process died"):
+            pool.map(_die_on_one, 10, [0, 1, 2])
+        assert pool.map(_raise_on_two, 10, [0, 1]) == [10, 11]  # a fresh pool
+    assert pool._pool is None and pool._dir is None  # shut down, its files removed
