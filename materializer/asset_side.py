@@ -28,7 +28,7 @@ temp directory on this machine, or a directory every node mounts at the same pat
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -90,31 +90,41 @@ class AssetTask:
 class AssetPart:
     """What an asset partition returns to the driver: its share of the eval sets."""
 
-    eval_ids: list[str] = field(default_factory=list)
-    eval_targets: list[str] = field(default_factory=list)
+    eval_ids: pa.Array
+    eval_targets: pa.Array
     rows: int = 0
 
 
 @dataclass(frozen=True)
 class EvalSets:
     """The broadcast set: every eval asset, and every asset an eval asset is a
-    duplicate of (both sorted, distinct)."""
+    duplicate of (each a sorted, distinct ``large_string`` array: about 70 bytes per
+    id, however it travels)."""
 
-    eval_ids: tuple[str, ...]
-    eval_targets: tuple[str, ...]
+    eval_ids: pa.Array
+    eval_targets: pa.Array
 
     @classmethod
     def of(cls, parts: list[AssetPart]) -> EvalSets:
         return cls(
-            tuple(sorted({i for p in parts for i in p.eval_ids})),
-            tuple(sorted({i for p in parts for i in p.eval_targets})),
+            _sorted_distinct([p.eval_ids for p in parts]),
+            _sorted_distinct([p.eval_targets for p in parts]),
         )
 
     def tables(self) -> dict[str, pa.Table]:
         return {
-            "eval_ids": pa.table({"asset_id": pa.array(self.eval_ids, pa.large_string())}),
-            "eval_targets": pa.table({"asset_id": pa.array(self.eval_targets, pa.large_string())}),
+            "eval_ids": pa.table({"asset_id": self.eval_ids}),
+            "eval_targets": pa.table({"asset_id": self.eval_targets}),
         }
+
+
+def _sorted_distinct(arrays: list[pa.Array]) -> pa.Array:
+    ids = pa.concat_arrays([a.cast(pa.large_string()) for a in arrays] or [_NO_IDS])
+    ids = pc.unique(ids).drop_null()
+    return pc.take(ids, pc.sort_indices(ids))
+
+
+_NO_IDS = pa.array([], pa.large_string())
 
 
 def run_asset_partition(_: None, task: AssetTask) -> AssetPart:
@@ -133,7 +143,7 @@ def asset_partition(tables: dict[str, pa.Table], shard: Shard) -> AssetPart:
     finally:
         con.close()
     _write_shard(shard, view)
-    return AssetPart(list(evals.eval_ids), list(evals.eval_targets), view.num_rows)
+    return AssetPart(evals.eval_ids, evals.eval_targets, view.num_rows)
 
 
 def asset_view(con: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> pa.Table:
@@ -149,11 +159,12 @@ def asset_view(con: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> p
 def eval_sets(con: duckdb.DuckDBPyConnection, view: pa.Table) -> EvalSets:
     """The eval sets of the asset view rows ``view``."""
     con.register("av", view)
-    sets = con.sql(EVAL_SETS_SQL).fetchall()
+    sets = con.sql(EVAL_SETS_SQL).to_arrow_table()
     con.unregister("av")
+    kind = sets["kind"]
     return EvalSets(
-        tuple(sorted({a for kind, a in sets if kind == "eval"})),
-        tuple(sorted({a for kind, a in sets if kind == "target"})),
+        _sorted_distinct([pc.filter(sets["asset_id"], pc.equal(kind, "eval")).combine_chunks()]),
+        _sorted_distinct([pc.filter(sets["asset_id"], pc.equal(kind, "target")).combine_chunks()]),
     )
 
 

@@ -156,7 +156,7 @@ def test_a_clip_partition_receives_its_assets_and_the_eval_sets_only(
     assert isinstance(shared, ClipShared)
     assets = catalog.scan("assets", columns=["asset_id", "split"], include_eval=True)
     evals = set(pc.filter(assets["asset_id"], pc.equal(assets["split"], "eval")).to_pylist())
-    assert set(shared.evals.eval_ids) == evals and len(evals) < assets.num_rows / 4
+    assert set(shared.evals.eval_ids.to_pylist()) == evals and len(evals) < assets.num_rows / 4
     assert all(t.num_rows == 0 for t in shared.empty.values())
     assert len(recording.inputs) == 16
     for inputs in recording.inputs:
