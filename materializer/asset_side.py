@@ -17,12 +17,13 @@ No worker receives the whole asset side. It runs in two steps:
    time, so it touches the pages of its rows, not the catalog's. It adds
    ``eval_duplicate`` with :data:`~materializer.clip_view.ASSET_VERDICT_SQL`.
 
-The one-process cut computes the same asset view over all assets with the same two
-statements (:func:`asset_view_of`), so both give the same rows. The scratch files
+The one-process cut runs the same statements over all assets at once
+(:func:`asset_view`, :func:`eval_sets`, :func:`register_asset_view`;
+:func:`asset_view_of` returns the result as a table), so both give the same rows. The scratch files
 live only while the cut runs (temp + rename, no fsync: a crashed cut restarts from its
 scans and never reads them again), and must be visible to every worker: the cut's
 temp directory on this machine, or a directory every node mounts at the same path
-(``Execution.scratch``) on a multi-host Ray cluster.
+(``Execution.scratch``, the ``cut_scratch`` setting) on a multi-host Ray cluster.
 """
 
 from __future__ import annotations
@@ -254,7 +255,7 @@ def _take(shard: Shard, wanted: NDArray[np.object_]) -> pa.Table:
     except FileNotFoundError as exc:
         raise StorageError(
             f"asset shard {shard.path} is not visible here: a cut's scratch directory must "
-            "be shared by every worker (Execution.scratch on a multi-host cluster)",
+            "be shared by every worker (the cut_scratch setting on a multi-host cluster)",
             path=shard.path,
         ) from exc
     try:
