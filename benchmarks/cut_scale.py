@@ -13,12 +13,22 @@ fresh subprocess (its own peak RSS):
 * ``ray``: Ray tasks on a 2-CPU cluster started on 127.0.0.1 (smallest size only, and
   only where Ray is installed; the cluster's start is not timed).
 
+The plain cut holds the whole join in one process (about 4 KB per clip): above
+``--one-max`` clips (default 1M) it is left out, and ``identical`` compares the
+partitioned configurations there.
+
 Prints one JSON line: per size and configuration the wall time, the driver's peak RSS
 and (pool) the largest worker's peak RSS; then ``rss_growth`` (pool worker peak RSS at
 the largest size / at the smallest: flat when <= 1.2), ``time_growth`` (pool time at the
 largest / smallest, against ``size_growth``: linear when about equal), ``speedup_2_procs``
 (local1 time / local2 time), ``ray_overhead`` (Ray time / local2 time) and
-``identical`` (every configuration gave the same artifact bytes, per size).
+``identical`` (every configuration gave the same artifact bytes, per size), and the
+load average at the start and the end (``load``).
+
+``--asset-inputs`` instead prints what the largest clip partition receives of the asset
+side per size (its asset rows and bytes, the broadcast eval sets) against the bytes of
+the whole asset side, which every partition received while it was broadcast:
+``partition_asset_growth`` stays near 1 while ``asset_side_growth`` follows the catalog.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -211,6 +222,21 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="20k, 40k and 80k clips (smoke)")
     parser.add_argument("--partition-clips", type=int, default=None)
     parser.add_argument("--plan-rows", type=int, default=1 << 20)
+    parser.add_argument(
+        "--one-max", type=int, default=1_000_000, help="largest size cut by the plain cut too"
+    )
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=["one", "local1", "local2", "ray"],
+        choices=["one", "local1", "local2", "ray"],
+        help="the configurations to run (local2 always runs: the ratios need it)",
+    )
+    parser.add_argument(
+        "--asset-inputs",
+        action="store_true",
+        help="only what a clip partition receives of the asset side, per size (in process)",
+    )
     parser.add_argument("--measure", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
@@ -220,12 +246,19 @@ def main() -> None:
     sizes = [20_000, 40_000, 80_000] if args.tiny else args.sizes
     sizes = [100_000, 200_000, 400_000] if args.quick else sizes
     per = args.partition_clips or max(10_000, sizes[0] // 4)
-    print(json.dumps(run(sizes, per, args.plan_rows)))
+    if args.asset_inputs:
+        print(json.dumps(asset_inputs(sizes, args.partition_clips or 10_000)))
+        return
+    configs = set(args.configs) | {"local2"}
+    print(json.dumps(run(sizes, per, args.plan_rows, args.one_max, configs)))
 
 
-def run(sizes: list[int], per: int, plan_rows: int) -> dict[str, Any]:
+def run(
+    sizes: list[int], per: int, plan_rows: int, one_max: int, wanted: set[str]
+) -> dict[str, Any]:
     results: dict[str, dict[str, Any]] = {}
     identical = True
+    load = [round(os.getloadavg()[0], 1)]
     with tempfile.TemporaryDirectory() as tmp:
         for n in sizes:
             root = Path(tmp) / f"c{n}"
@@ -236,14 +269,18 @@ def run(sizes: list[int], per: int, plan_rows: int) -> dict[str, Any]:
                 "partitions": parts,
                 "build_s": round(time.perf_counter() - t0, 1),
             }
-            configs = ["one", "local1", "local2"] + (
-                ["ray"] if n == sizes[0] and _has_ray() else []
-            )
+            configs = ["one"] if n <= one_max else []
+            configs += ["local1", "local2"]
+            configs += ["ray"] if n == sizes[0] and _has_ray() else []
+            configs = [c for c in configs if c in wanted]
             for config in configs:
                 row[config] = _run(root, config, parts, plan_rows)
             identical &= len({row[c]["artifacts_sha256"] for c in configs}) == 1
             results[str(n)] = row
+            print(json.dumps({"progress": n, **row}), file=sys.stderr, flush=True)
+    load.append(round(os.getloadavg()[0], 1))
     first, last = results[str(sizes[0])], results[str(sizes[-1])]
+    one = [results[str(n)]["one"] for n in sizes if "one" in results[str(n)]]
     ray = first.get("ray")
     return {
         "benchmark": "cut_scale",
@@ -252,14 +289,80 @@ def run(sizes: list[int], per: int, plan_rows: int) -> dict[str, Any]:
         "results": results,
         "size_growth": sizes[-1] / sizes[0],
         "rss_growth": round(last["local2"]["worker_rss_mb"] / first["local2"]["worker_rss_mb"], 3),
-        "one_process_rss_growth": round(
-            last["one"]["driver_rss_mb"] / first["one"]["driver_rss_mb"], 3
+        "one_process_rss_growth": (
+            round(one[-1]["driver_rss_mb"] / one[0]["driver_rss_mb"], 3) if len(one) > 1 else None
         ),
         "time_growth": round(last["local2"]["wall_s"] / first["local2"]["wall_s"], 3),
-        "speedup_2_procs": round(last["local1"]["wall_s"] / last["local2"]["wall_s"], 3),
+        "speedup_2_procs": (
+            round(last["local1"]["wall_s"] / last["local2"]["wall_s"], 3)
+            if "local1" in last
+            else None
+        ),
         "ray_overhead": round(ray["wall_s"] / first["local2"]["wall_s"], 3) if ray else None,
         "identical": identical,
+        "load": load,
     }
+
+
+class _Inputs:
+    """An executor that runs every map in this process and records, per clip
+    partition, the asset rows it receives (while the cut's shards exist)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int, int]] = []
+        self.eval_bytes = 0
+
+    def map(self, fn: Any, shared: Any, tasks: Any, *, label: str = "partition") -> list[Any]:
+        from materializer.executors import LocalExecutor
+        from materializer.partition import partition_inputs, run_partition
+
+        if fn is run_partition:
+            self.eval_bytes = shared.evals.eval_ids.nbytes + shared.evals.eval_targets.nbytes
+            for task in tasks:
+                got = partition_inputs(shared, task)
+                assets = got["asset_rows"]
+                self.rows.append((got["clips"].num_rows, assets.num_rows, assets.nbytes))
+        return LocalExecutor(1).map(fn, shared, tasks, label=label)
+
+
+def asset_inputs(sizes: list[int], per: int) -> dict[str, Any]:
+    """What a clip partition receives of the asset side, per size: the largest
+    partition's asset rows and bytes and the eval sets' bytes, against the bytes of
+    the whole asset side (what every partition received when it was broadcast)."""
+    from materializer.partition import SCAN_COLUMNS
+    from materializer.recipe import load_recipe
+    from materializer.select import Execution, select
+
+    out: dict[str, Any] = {"benchmark": "cut_scale_asset_inputs", "partition_clips": per}
+    load = [round(os.getloadavg()[0], 1)]
+    for n in sizes:
+        with tempfile.TemporaryDirectory() as tmp:
+            build_sorted(Path(tmp), n)
+            catalog = VidlakeCatalog.open(CatalogConfig.embedded(Path(tmp)))
+            doc = _recipe(1 << 16, 1024)
+            doc["phases"][0]["allow_repeats_in_step"] = True
+            whole = sum(
+                catalog.scan(t, columns=SCAN_COLUMNS[t], include_eval=True).nbytes
+                for t in ("assets", "tombstones", "asset_events")
+            )
+            seen = _Inputs()
+            execution = Execution(seen, max(1, n // per))  # type: ignore[arg-type]
+            select(catalog, load_recipe(doc), catalog.pin(), execution=execution, coverage=False)
+            out[str(n)] = {
+                "partitions": max(1, n // per),
+                "asset_side_bytes": whole,
+                "max_partition_clips": max(r[0] for r in seen.rows),
+                "max_partition_asset_rows": max(r[1] for r in seen.rows),
+                "max_partition_asset_bytes": max(r[2] for r in seen.rows),
+                "eval_set_bytes": seen.eval_bytes,
+            }
+    first, last = out[str(sizes[0])], out[str(sizes[-1])]
+    out["asset_side_growth"] = round(last["asset_side_bytes"] / first["asset_side_bytes"], 3)
+    out["partition_asset_growth"] = round(
+        last["max_partition_asset_bytes"] / first["max_partition_asset_bytes"], 3
+    )
+    out["load"] = [*load, round(os.getloadavg()[0], 1)]
+    return out
 
 
 def _has_ray() -> bool:

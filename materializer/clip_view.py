@@ -1,8 +1,15 @@
-"""The clip view query: one DuckDB statement over the pinned scans of a cut.
+"""The clip view query: DuckDB statements over the pinned scans of a cut.
 
-It joins the registered ``raw_<table>`` scans (``materializer/select.py``) into the
-clip view of ``docs/recipes.md``: clips x assets x latents (the recipe's tokenizer,
-each phase's rung) x pivoted scores (the named versions) x captions (the named version
+The asset side comes first, one row per asset: :data:`ASSET_VIEW_SQL` reduces the
+``raw_assets``, ``raw_tombstones`` and ``raw_asset_events`` scans of any set of assets
+(all of them, or one ``asset_id`` range of a partitioned cut) to the asset columns of
+the view with its ``tombstoned`` and ``quarantined`` verdicts, and
+:data:`ASSET_VERDICT_SQL` adds ``eval_duplicate`` from the small eval sets
+(:data:`EVAL_SETS_SQL`: the eval assets and the assets they are duplicates of), giving
+``raw_asset_view``. The clip view then joins the registered ``raw_<table>`` scans of
+the clips (``materializer/select.py``) with ``raw_asset_view`` into the clip view of
+``docs/recipes.md``: clips x assets x latents (the recipe's tokenizer, each phase's
+rung) x pivoted scores (the named versions) x captions (the named version
 and kinds), each candidate sample with the *first* reason it is dropped, its tier and
 its stream, plus one ``_match_<i>`` flag per stream (a dropped sample keeps its tier
 and flags, which backfill coverage reads: :mod:`materializer.coverage`). The columns
@@ -22,12 +29,79 @@ from typing import Any
 from catalog.rules import STATUS_EVENTS
 from materializer.recipe import Recipe
 
-__all__ = ["EVAL_CLIPS_SQL", "candidate_params", "candidate_sql"]
+__all__ = [
+    "ASSET_VERDICT_SQL",
+    "ASSET_VIEW_PARAMS",
+    "ASSET_VIEW_SQL",
+    "EVAL_CLIPS_SQL",
+    "EVAL_SETS_SQL",
+    "candidate_params",
+    "candidate_sql",
+]
 
 # An eval clip is one whose clip row or asset row says eval (the carve-out's rule).
 EVAL_CLIPS_SQL = """
-SELECT DISTINCT c.clip_id FROM raw_clips c LEFT JOIN raw_assets a ON a.asset_id = c.asset_id
+SELECT DISTINCT c.clip_id FROM raw_clips c LEFT JOIN raw_asset_view a ON a.asset_id = c.asset_id
 WHERE c.split = 'eval' OR a.split = 'eval' ORDER BY c.clip_id
+"""
+
+#: One row per asset of ``raw_assets``, sorted by ``asset_id``: the view's asset
+#: columns, its links, and whether it is tombstoned or quarantined. Every input row
+#: is keyed by ``asset_id``, so any ``asset_id`` range of the inputs gives that range
+#: of the answer.
+ASSET_VIEW_SQL = """
+WITH
+  assets AS (
+    SELECT * FROM raw_assets
+    QUALIFY row_number() OVER (PARTITION BY asset_id ORDER BY asset_id) = 1
+  ),
+  tomb AS (SELECT DISTINCT asset_id FROM raw_tombstones),
+  quar AS (
+    SELECT asset_id FROM raw_asset_events WHERE list_contains($status_events, event)
+    QUALIFY row_number() OVER (
+      PARTITION BY asset_id ORDER BY "at" DESC, list_position($status_events, event)
+    ) = 1 AND event = 'quarantined'
+  )
+SELECT
+  a.asset_id, a.source, a.source_tier, a.license_id, a.territory, a.pii_class,
+  a.probe_codec, a.probe_bitrate, a.split, a.duplicate_of, a.near_duplicates,
+  t.asset_id IS NOT NULL AS tombstoned, q.asset_id IS NOT NULL AS quarantined
+FROM assets a
+LEFT JOIN tomb t ON t.asset_id = a.asset_id
+LEFT JOIN quar q ON q.asset_id = a.asset_id
+ORDER BY a.asset_id
+"""
+
+#: The parameters of :data:`ASSET_VIEW_SQL`: an asset's status is its latest status
+#: event, ties to the first listed (the catalog's one rule).
+ASSET_VIEW_PARAMS: dict[str, Any] = {"status_events": list(STATUS_EVENTS)}
+
+#: Over an asset view ``av``: the eval assets (``kind = 'eval'``) and the assets an
+#: eval asset is a duplicate of (``kind = 'target'``): the broadcast set.
+EVAL_SETS_SQL = """
+SELECT 'eval' AS kind, asset_id FROM av WHERE split = 'eval'
+UNION ALL
+SELECT 'target', duplicate_of FROM av WHERE split = 'eval' AND duplicate_of IS NOT NULL
+"""
+
+#: ``av`` (asset view rows) with ``eval_duplicate``, sorted by ``asset_id``: the asset
+#: is a duplicate of an eval asset, an eval asset is a duplicate of it, or it links an
+#: eval asset as a near duplicate. ``eval_ids`` and ``eval_targets`` are the whole
+#: catalog's eval sets.
+ASSET_VERDICT_SQL = """
+WITH ed AS (
+  SELECT DISTINCT asset_id FROM (
+    SELECT a.asset_id FROM av a JOIN eval_ids e ON a.duplicate_of = e.asset_id
+    UNION ALL
+    SELECT asset_id FROM eval_targets
+    UNION ALL
+    SELECT n.asset_id FROM (SELECT asset_id, unnest(near_duplicates) AS other FROM av) n
+    JOIN eval_ids e ON n.other = e.asset_id
+  )
+)
+SELECT av.* EXCLUDE (near_duplicates), ed.asset_id IS NOT NULL AS eval_duplicate
+FROM av LEFT JOIN ed ON ed.asset_id = av.asset_id
+ORDER BY av.asset_id
 """
 
 
@@ -37,8 +111,6 @@ def candidate_params(recipe: Recipe) -> dict[str, Any]:
         "tokenizer": recipe.tokenizer_version,
         "caption_version": recipe.captions.version,
         "kinds": list(recipe.captions.kinds),
-        # An asset's status: its latest event, ties to the first listed (one rule).
-        "status_events": list(STATUS_EVENTS),
     }
     for i, (name, version) in enumerate(recipe.score_versions().items()):
         params[f"score{i}_name"] = name
@@ -66,30 +138,7 @@ def candidate_sql(recipe: Recipe) -> str:
     tier_expr, stream_case, match_flags = _tier_and_streams(recipe)
     return f"""
 WITH
-  assets AS (
-    SELECT * EXCLUDE (near_duplicates) FROM raw_assets
-    QUALIFY row_number() OVER (PARTITION BY asset_id ORDER BY asset_id) = 1
-  ),
-  eval_assets AS (SELECT asset_id FROM assets WHERE split = 'eval'),
-  eval_dups AS (
-    SELECT DISTINCT asset_id FROM (
-      SELECT a.asset_id FROM assets a JOIN eval_assets e ON a.duplicate_of = e.asset_id
-      UNION ALL
-      SELECT a.duplicate_of FROM assets a JOIN eval_assets e ON a.asset_id = e.asset_id
-        WHERE a.duplicate_of IS NOT NULL
-      UNION ALL
-      SELECT n.asset_id FROM (
-        SELECT asset_id, unnest(near_duplicates) AS other FROM raw_assets
-      ) n JOIN eval_assets e ON n.other = e.asset_id
-    )
-  ),
-  tomb AS (SELECT DISTINCT asset_id FROM raw_tombstones),
-  quar AS (
-    SELECT asset_id FROM raw_asset_events WHERE list_contains($status_events, event)
-    QUALIFY row_number() OVER (
-      PARTITION BY asset_id ORDER BY "at" DESC, list_position($status_events, event)
-    ) = 1 AND event = 'quarantined'
-  ),
+  assets AS (SELECT * FROM raw_asset_view),
   lat AS (
     SELECT * FROM raw_latents WHERE tokenizer_version = $tokenizer
     QUALIFY row_number() OVER (
@@ -127,9 +176,6 @@ WITH
     FROM raw_clips c
     CROSS JOIN rungs r
     JOIN assets a ON a.asset_id = c.asset_id
-    LEFT JOIN tomb t ON t.asset_id = c.asset_id
-    LEFT JOIN quar q ON q.asset_id = c.asset_id
-    LEFT JOIN eval_dups ed ON ed.asset_id = c.asset_id
     LEFT JOIN lat l ON l.clip_id = c.clip_id AND l.rung = r.rung
     LEFT JOIN s ON s.clip_id = c.clip_id
     LEFT JOIN cap ON cap.clip_id = c.clip_id
@@ -146,11 +192,11 @@ def _drop_cases(recipe: Recipe) -> str:
     """The ``WHEN ... THEN '<reason>'`` branches, in the documented order of reasons."""
     drop = ["WHEN c.split = 'eval' OR a.split = 'eval' THEN 'eval'"]
     if recipe.exclusions.tombstoned:
-        drop.append("WHEN t.asset_id IS NOT NULL THEN 'tombstoned'")
+        drop.append("WHEN a.tombstoned THEN 'tombstoned'")
     if recipe.exclusions.quarantined:
-        drop.append("WHEN q.asset_id IS NOT NULL THEN 'quarantined'")
+        drop.append("WHEN a.quarantined THEN 'quarantined'")
     drop.append("WHEN a.duplicate_of IS NOT NULL THEN 'duplicate_asset'")
-    drop.append("WHEN ed.asset_id IS NOT NULL THEN 'eval_duplicate_asset'")
+    drop.append("WHEN a.eval_duplicate THEN 'eval_duplicate_asset'")
     drop.append("WHEN l.clip_id IS NULL THEN 'no_latent'")
     index = {name: i for i, name in enumerate(recipe.score_versions())}
     for f in recipe.filters:

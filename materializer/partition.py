@@ -7,14 +7,17 @@ join of clips x latents x scores x captions is independent of the others (every 
 those tables belongs to one clip), and the range is a row filter that Iceberg's column
 bounds prune to the data files holding it (files compacted sorted by key hold few
 ranges each). The asset side (assets with their near-duplicate links, tombstones and
-status events: the exclusions and the asset columns of the view) is the broadcast set,
-read once by the driver and sent to every worker once; each partition joins only the
-rows of it that its clips reach (their assets' rows and every eval asset).
+status events: the exclusions and the asset columns of the view) is split the same
+way by ``asset_id`` (:mod:`materializer.asset_side`): asset partitions first reduce
+their range to one narrow row per asset, written as a shard in the cut's scratch
+directory, and each clip partition looks up only the rows of the assets its clips
+reference. The only broadcast set is the eval assets and what they are duplicates of.
 
 The driver plans each table's scan at the pin once (:func:`catalog.scan_plan.plan_scan`)
-and deals its files to the partitions by their ``clip_id`` bounds
+and deals its files to the partitions by their ``clip_id`` (``asset_id``) bounds
 (:func:`catalog.scan_plan.split_plan`); an executor (:mod:`materializer.executors`)
-runs :func:`run_partition` on each: the clip view query (:mod:`materializer.clip_view`)
+runs :func:`~materializer.asset_side.run_asset_partition` on each asset range, then
+:func:`run_partition` on each clip range: the clip view query (:mod:`materializer.clip_view`)
 over that partition's rows, reduced to its kept samples, drop counts, per-stream match
 counts and eval clip ids
 (:class:`Candidates`). The driver merges them in partition order and sorts the kept
@@ -24,8 +27,11 @@ artifact cut from them, are the same for every executor and every ``P``.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -33,6 +39,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.scan_plan import ScanPlan, plan_scan, read_plan, split_plan
+from materializer.asset_side import (
+    ASSET_TABLES,
+    AssetTask,
+    EvalSets,
+    Shard,
+    asset_view,
+    eval_sets,
+    lookup,
+    referenced,
+    register_asset_view,
+    run_asset_partition,
+)
 from materializer.clip_view import EVAL_CLIPS_SQL, candidate_params, candidate_sql
 from materializer.coverage import (
     BackfillCoverage,
@@ -50,10 +68,13 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_PARTITIONS",
     "Candidates",
+    "ClipShared",
     "ViewQuery",
+    "asset_partitions",
     "bucket_bounds",
     "bucket_of",
     "candidates_of",
+    "partition_inputs",
     "partitioned_candidates",
     "run_partition",
 ]
@@ -86,9 +107,8 @@ SCAN_COLUMNS: dict[str, list[str]] = {
     "asset_events": ["asset_id", "event", "at"],
 }  # fmt: skip
 
-#: The tables split by ``clip_id``; the others are the broadcast set.
+#: The tables split by ``clip_id``; the others (:data:`ASSET_TABLES`) by ``asset_id``.
 CLIP_TABLES = ("clips", "latents", "scores", "captions")
-BROADCAST_TABLES = ("assets", "tombstones", "asset_events")
 
 
 @dataclass
@@ -167,12 +187,23 @@ class ViewQuery:
         )
 
 
-def query_candidates(query: ViewQuery, tables: dict[str, pa.Table]) -> Candidates:
-    """The clip view over ``tables`` (every table of :data:`SCAN_COLUMNS`), reduced."""
+def query_candidates(
+    query: ViewQuery, tables: dict[str, pa.Table], evals: EvalSets | None = None
+) -> Candidates:
+    """The clip view over ``tables``, reduced. ``tables`` are the clip tables of
+    :data:`SCAN_COLUMNS` and either ``asset_rows`` (the asset view rows of the clips'
+    assets, :mod:`materializer.asset_side`) with the catalog's ``evals``, or, for the
+    plain cut, the raw asset tables (the asset view is computed here from all of them)."""
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
-        for name, table in tables.items():
-            con.register(f"raw_{name}", table)
+        if evals is None:
+            view = asset_view(con, tables)
+            evals = eval_sets(con, view)
+        else:
+            view = tables["asset_rows"]
+        register_asset_view(con, view, evals)
+        for name in CLIP_TABLES:
+            con.register(f"raw_{name}", tables[name])
         table = con.sql(query.sql, params=query.params).to_arrow_table()
         eval_ids = [r[0] for r in con.sql(EVAL_CLIPS_SQL).fetchall()]
     finally:
@@ -183,31 +214,31 @@ def query_candidates(query: ViewQuery, tables: dict[str, pa.Table]) -> Candidate
     return found
 
 
-def run_partition(
-    shared: tuple[ViewQuery, dict[str, pa.Table]], scans: dict[str, ScanPlan]
-) -> Candidates:
-    """One partition's candidates: its planned scans read here, joined with the
-    broadcast set. A top-level function, so that a process pool or Ray can run it."""
-    query, broadcast = shared
+@dataclass(frozen=True)
+class ClipShared:
+    """What every clip partition receives once: the query, the broadcast eval sets,
+    the asset shards to look its assets up in, and the empty tables of a recipe that
+    reads none of them (scores without score versions)."""
+
+    query: ViewQuery
+    evals: EvalSets
+    shards: tuple[Shard, ...]
+    empty: dict[str, pa.Table]
+
+
+def partition_inputs(shared: ClipShared, scans: dict[str, ScanPlan]) -> dict[str, pa.Table]:
+    """A clip partition's inputs: its planned scans, read here, and ``asset_rows``, the
+    asset view rows of the assets its clips reference: nothing else of the asset side."""
     tables = {name: read_plan(plan) for name, plan in scans.items()}
-    tables.update(_asset_side(broadcast, tables["clips"]))
-    return query_candidates(query, tables)
+    tables.update(shared.empty)
+    tables["asset_rows"] = lookup(shared.shards, referenced(tables["clips"]))
+    return tables
 
 
-def _asset_side(broadcast: dict[str, pa.Table], clips: pa.Table) -> dict[str, pa.Table]:
-    """The broadcast rows the partition's clips can reach: their assets' rows, and every
-    eval asset (whose links say which assets are near-duplicates of eval). The clip
-    view's answer for these clips is the same as over the whole asset side, and its
-    join costs the partition, not the catalog."""
-    mine = pc.unique(clips["asset_id"])
-    out = dict(broadcast)
-    for name in ("assets", "tombstones", "asset_events"):
-        table = broadcast[name]
-        keep = pc.is_in(table["asset_id"], value_set=mine)
-        if name == "assets":
-            keep = pc.or_(keep, pc.fill_null(pc.equal(table["split"], "eval"), False))
-        out[name] = table.filter(keep)
-    return out
+def run_partition(shared: ClipShared, scans: dict[str, ScanPlan]) -> Candidates:
+    """One clip partition's candidates (:func:`partition_inputs`, then the clip view).
+    A top-level function, so that a process pool or Ray can run it."""
+    return query_candidates(shared.query, partition_inputs(shared, scans), shared.evals)
 
 
 def merge(parts: list[Candidates], recipe: Recipe) -> Candidates:
@@ -241,24 +272,54 @@ def partitioned_candidates(
     partitions: int,
     scan: Callable[[str], pa.Table],
     coverage: bool = True,
+    scratch: str | None = None,
 ) -> Candidates:
-    """The candidates of ``recipe`` at ``pin`` over ``partitions`` clip_id buckets run
-    on ``executor``; ``filters`` are the per-table row filters of the recipe and
-    ``scan(name)`` reads a broadcast table in full; ``coverage``: compute backfill
-    coverage too."""
-    # A recipe without scores reads none: that table is broadcast empty.
+    """The candidates of ``recipe`` at ``pin`` over ``partitions`` ``clip_id`` buckets
+    run on ``executor``, after the asset partitions (:func:`asset_partitions` of them,
+    by ``asset_id``) have written their shards to a temp directory under ``scratch``
+    (None: the system's), removed whatever happens. ``filters`` are the per-table row
+    filters of the recipe, ``scan(name)`` reads a table the recipe reads none of,
+    ``coverage``: compute backfill coverage too."""
+    # A recipe without scores reads none: that table is sent empty.
     names = [n for n in CLIP_TABLES if n != "scores" or recipe.score_versions()]
-    broadcast = {name: scan(name) for name in SCAN_COLUMNS if name not in names}
-    ranges = [bucket_bounds(p, partitions) for p in range(partitions)]
+    empty = {name: scan(name) for name in CLIP_TABLES if name not in names}
     # Each table is planned once and its files dealt to the ranges by their bounds.
-    split = {
-        name: split_plan(
-            plan_scan(catalog, name, pin, SCAN_COLUMNS[name], filters.get(name)),
-            "clip_id",
-            ranges,
-        )
-        for name in names
+    plans = {
+        name: plan_scan(catalog, name, pin, SCAN_COLUMNS[name], filters.get(name))
+        for name in (*names, *ASSET_TABLES)
     }
-    tasks = [{name: plans[p] for name, plans in split.items()} for p in range(partitions)]
-    query = ViewQuery.of(recipe, coverage=coverage)
-    return merge(executor.map(run_partition, (query, broadcast), tasks), recipe)
+    clip_ranges = [bucket_bounds(p, partitions) for p in range(partitions)]
+    count = asset_partitions(plans["assets"].rows, plans["clips"].rows, partitions)
+    asset_ranges = [bucket_bounds(p, count) for p in range(count)]
+    with (
+        tempfile.TemporaryDirectory(prefix="vidlake-cut-", dir=scratch) as tmp,
+        _pool_session(executor),
+    ):
+        shards = tuple(
+            Shard(str(Path(tmp) / f"assets-{p:05d}"), *r) for p, r in enumerate(asset_ranges)
+        )
+        split = {name: split_plan(plans[name], "asset_id", asset_ranges) for name in ASSET_TABLES}
+        asset_tasks = [
+            AssetTask({name: split[name][p] for name in ASSET_TABLES}, shard)
+            for p, shard in enumerate(shards)
+        ]
+        parts = executor.map(run_asset_partition, None, asset_tasks, label="asset partition")
+        split = {name: split_plan(plans[name], "clip_id", clip_ranges) for name in names}
+        tasks = [{name: split[name][p] for name in names} for p in range(partitions)]
+        query = ViewQuery.of(recipe, coverage=coverage)
+        shared = ClipShared(query, EvalSets.of(parts), shards, empty)
+        return merge(executor.map(run_partition, shared, tasks), recipe)
+
+
+def _pool_session(executor: Executor) -> AbstractContextManager[Any]:
+    """``executor`` itself where it keeps a pool for the maps inside it (the local
+    pool), so that both stages share its workers; else nothing."""
+    return executor if isinstance(executor, AbstractContextManager) else nullcontext()
+
+
+def asset_partitions(asset_rows: int, clip_rows: int, partitions: int) -> int:
+    """How many ``asset_id`` ranges the asset side is cut into: enough that each holds
+    about as many asset rows as a clip partition holds clip rows (the rows the
+    planned scans read), at most ``partitions``, at least one."""
+    per = max(1, -(-clip_rows // partitions))
+    return max(1, min(partitions, -(-asset_rows // per)))

@@ -168,10 +168,15 @@ def stream_match_counts(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin) -> li
 
 @dataclass(frozen=True)
 class Execution:
-    """How a selection runs: an executor and a number of ``clip_id`` partitions."""
+    """How a selection runs: an executor and a number of ``clip_id`` partitions.
+
+    ``scratch``: where the partitioned cut's temp directory of asset shards goes (None:
+    the system's temp directory); on a multi-host Ray cluster, a directory every node
+    mounts at the same path (:mod:`materializer.asset_side`)."""
 
     executor: Executor
     partitions: int = 1
+    scratch: str | None = None
 
 
 def candidate_coverage(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin) -> BackfillCoverage:
@@ -208,6 +213,7 @@ def _candidates(
         return partitioned_candidates(
             catalog, recipe, pin, filters, executor=execution.executor,
             partitions=execution.partitions, scan=scan, coverage=coverage,
+            scratch=execution.scratch,
         )  # fmt: skip
     tables = {}
     for i, name in enumerate(SCAN_COLUMNS):

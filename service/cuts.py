@@ -88,7 +88,8 @@ def cut_execution(
         )
     if spec.kind == "local" and count == 1:
         return None
-    return Execution(open_executor(spec, ray_address=settings.ray_cluster()), count)
+    scratch = str(settings.cut_scratch) if settings.cut_scratch is not None else None
+    return Execution(open_executor(spec, ray_address=settings.ray_cluster()), count, scratch)
 
 
 def submit_cut(

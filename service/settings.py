@@ -88,6 +88,12 @@ class Settings(BaseSettings):
     ray_address: str | None = Field(
         None, description="The Ray cluster of the auto executor (default: RAY_ADDRESS)"
     )
+    cut_scratch: Path | None = Field(
+        None,
+        description="Where a partitioned cut keeps its asset shards while it runs "
+        "(default: the system's temp directory); on a multi-host Ray cluster, a "
+        "directory every node mounts at the same path",
+    )
 
     # Loader-side defaults for the CLI
     cache_dir: Path | None = None

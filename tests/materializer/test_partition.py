@@ -10,9 +10,12 @@ import datetime as dt
 import hashlib
 import itertools
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
@@ -22,7 +25,13 @@ from catalog.errors import InvalidInput, StorageError
 from manifests.format import LINEAGE_NAME, QUALITY_NAME
 from materializer.cut import build_artifacts
 from materializer.executors import LocalExecutor, RayExecutor, open_executor, parse_executor
-from materializer.partition import bucket_bounds, bucket_of
+from materializer.partition import (
+    ClipShared,
+    bucket_bounds,
+    bucket_of,
+    partition_inputs,
+    run_partition,
+)
 from materializer.recipe import Recipe, load_recipe
 from materializer.select import Execution
 from service.demo.corpus import generate_corpus
@@ -44,6 +53,11 @@ def catalog(tmp_path_factory: pytest.TempPathFactory) -> VidlakeCatalog:
     cat.add_tombstones([{"asset_id": train[0], "kind": "soft", "reason": "licence revoked"}])
     at = dt.datetime(2025, 3, 1, tzinfo=dt.UTC)
     cat.add_asset_events([{"asset_id": train[1], "event": "quarantined", "at": at}])
+    # An eval re-upload of a train asset: the original's clips are eval duplicates.
+    original = cat.scan("assets", row_filter=f"asset_id = '{train[2]}'", include_eval=True)
+    copy = original.drop_columns(["duplicate_of", "near_duplicates", "ingested_at"])
+    copy = copy.set_column(0, "asset_id", pa.array([hashlib.sha256(b"copy").hexdigest()]))
+    cat.add_assets(copy.set_column(copy.schema.get_field_index("split"), "split", [["eval"]]))
     return cat
 
 
@@ -58,7 +72,8 @@ def baseline(
 ) -> tuple[dict[str, str], dict[str, object]]:
     """The one-process cut (no execution given): the bytes every other must equal."""
     shas, snap = _cut(catalog, recipe, tmp_path_factory.mktemp("base"), None)
-    assert {"tombstoned", "quarantined", "duplicate_asset", "eval"} <= set(snap["drops"])
+    drops = set(snap["drops"])  # type: ignore[call-overload]
+    assert {"tombstoned", "quarantined", "duplicate_asset", "eval_duplicate_asset", "eval"} <= drops
     return shas, snap
 
 
@@ -94,6 +109,61 @@ def test_a_process_pool_gives_the_same_artifact_bytes(
     shas, snap = _cut(catalog, recipe, tmp_path, Execution(open_executor("local:2"), 3))
     assert shas == baseline[0]
     assert snap == baseline[1]
+
+
+class _Recording:
+    """Runs every map in this process and records, for each clip partition, the rows
+    of its inputs (read while the cut's scratch shards exist)."""
+
+    def __init__(self) -> None:
+        self.labels: list[str] = []
+        self.shared: list[Any] = []
+        self.inputs: list[dict[str, pa.Table]] = []
+
+    def map(
+        self,
+        fn: Callable[[Any, Any], Any],
+        shared: Any,
+        tasks: Sequence[Any],
+        *,
+        label: str = "partition",
+    ) -> list[Any]:
+        self.labels.append(label)
+        self.shared.append(shared)
+        if fn is run_partition:
+            self.inputs += [partition_inputs(shared, task) for task in tasks]
+        return LocalExecutor(1).map(fn, shared, tasks, label=label)
+
+
+def test_a_clip_partition_receives_its_assets_and_the_eval_sets_only(
+    catalog: VidlakeCatalog,
+    recipe: Recipe,
+    baseline: tuple[dict[str, str], dict[str, object]],
+    tmp_path: Path,
+) -> None:
+    """No worker receives the whole asset side: a clip partition's asset rows are those
+    of the assets its clips reference, and what every one receives (the broadcast
+    set) is the eval assets and what they duplicate, nothing else of the assets."""
+    recording, scratch = _Recording(), tmp_path / "scratch"
+    scratch.mkdir()
+    (tmp_path / "out").mkdir()
+    execution = Execution(recording, 16, scratch=str(scratch))  # type: ignore[arg-type]
+    shas, _ = _cut(catalog, recipe, tmp_path / "out", execution)
+    assert shas == baseline[0]
+    assert recording.labels == ["asset partition", "partition"]
+    assert list(scratch.iterdir()) == []  # the shards are gone with the cut
+    shared = recording.shared[1]
+    assert isinstance(shared, ClipShared)
+    assets = catalog.scan("assets", columns=["asset_id", "split"], include_eval=True)
+    evals = set(pc.filter(assets["asset_id"], pc.equal(assets["split"], "eval")).to_pylist())
+    assert set(shared.evals.eval_ids.to_pylist()) == evals and len(evals) < assets.num_rows / 4
+    assert all(t.num_rows == 0 for t in shared.empty.values())
+    assert len(recording.inputs) == 16
+    for inputs in recording.inputs:
+        referenced = set(inputs["clips"]["asset_id"].to_pylist())
+        assert set(inputs["asset_rows"]["asset_id"].to_pylist()) == referenced
+        assert inputs["asset_rows"].num_rows == len(referenced) < assets.num_rows / 2
+        assert not set(inputs) & {"assets", "tombstones", "asset_events"}
 
 
 def test_buckets_are_key_ranges_that_cover_every_id_once() -> None:

@@ -4,8 +4,10 @@ sound executor publishes the cut the one-process run gives."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pickle
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TypeVar
@@ -15,8 +17,9 @@ import pytest
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
 from catalog.errors import IntegrityError, StorageError, VidlakeError
+from catalog.objects.local import LocalObjectStore
 from manifests.registry import Registry
-from materializer.cut import cut_snapshot
+from materializer.cut import build_artifacts, cut_snapshot
 from materializer.executors import LocalExecutor
 from materializer.recipe import Recipe, load_recipe
 from materializer.select import Execution
@@ -74,18 +77,26 @@ def test_a_vidlake_error_in_a_partition_keeps_its_class_and_gains_the_partition(
 
 
 class _FailingExecutor:
-    """Runs the real partition function, but partition ``bad`` raises instead."""
+    """Runs the real partition functions, but task ``bad`` of the map labelled
+    ``stage`` raises instead."""
 
-    def __init__(self, bad: int) -> None:
-        self.bad = bad
+    def __init__(self, bad: int, stage: str) -> None:
+        self.bad, self.stage = bad, stage
 
-    def map(self, fn: Callable[[S, T], R], shared: S, tasks: Sequence[T]) -> list[R]:
+    def map(
+        self, fn: Callable[[S, T], R], shared: S, tasks: Sequence[T], *, label: str = "partition"
+    ) -> list[R]:
         def one(i: int, task: T) -> R:
-            if i == self.bad:
+            if i == self.bad and label == self.stage:
                 raise MemoryError("worker out of memory")
             return fn(shared, task)
 
-        return LocalExecutor(1).map(lambda s, it: one(*it), shared, list(enumerate(tasks)))  # type: ignore[arg-type]
+        return LocalExecutor(1).map(
+            lambda s, it: one(*it),  # type: ignore[arg-type]
+            shared,
+            list(enumerate(tasks)),
+            label=label,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -97,20 +108,28 @@ def lake(tmp_path_factory: pytest.TempPathFactory) -> tuple[VidlakeCatalog, Reci
 
 
 @pytest.mark.slow
-def test_a_failed_partition_publishes_nothing_and_a_rerun_succeeds(
-    lake: tuple[VidlakeCatalog, Recipe], tmp_path: Path
+@pytest.mark.parametrize("stage", ["asset partition", "partition"])
+def test_a_failed_partition_publishes_nothing_and_a_rerun_gives_the_same_bytes(
+    lake: tuple[VidlakeCatalog, Recipe], tmp_path: Path, stage: str
 ) -> None:
     catalog, recipe = lake
-    registry = Registry(catalog.objects)
-    bad = Execution(executor=_FailingExecutor(1), partitions=3)
-    with pytest.raises(VidlakeError, match=r"partition 1 of 3.*MemoryError") as err:
-        cut_snapshot(catalog, registry, recipe, execution=bad, workdir=tmp_path)
+    registry = Registry(LocalObjectStore(tmp_path / "registry"))  # a fresh one per stage
+    work, scratch, out = tmp_path / "work", tmp_path / "scratch", tmp_path / "one"
+    for folder in (work, scratch, out):
+        folder.mkdir()
+    bad = Execution(executor=_FailingExecutor(1, stage), partitions=3, scratch=str(scratch))  # type: ignore[arg-type]
+    with pytest.raises(VidlakeError, match=rf"^{stage} 1 of \d.*MemoryError") as err:
+        cut_snapshot(catalog, registry, recipe, execution=bad, workdir=work)
     assert err.value.details["partition"] == 1
     assert registry.versions() == []
-    assert list(tmp_path.iterdir()) == []  # the cut's temp folder is gone
-    good = Execution(executor=LocalExecutor(1), partitions=3)
-    record = cut_snapshot(catalog, registry, recipe, execution=good, workdir=tmp_path)
+    assert list(work.iterdir()) == [] and list(scratch.iterdir()) == []  # no temp left
+    good = Execution(executor=LocalExecutor(1), partitions=3, scratch=str(scratch))
+    record = cut_snapshot(catalog, registry, recipe, execution=good, workdir=work)
     assert registry.versions() == [record.version] == [1]
+    one, _ = build_artifacts(catalog, recipe, out)  # the one-process cut
+    for name, ref in record.artifacts.items():
+        if name in one:
+            assert ref.sha256 == hashlib.sha256(one[name].read_bytes()).hexdigest(), name
 
 
 def test_a_recipe_pickles_for_pool_and_ray_workers() -> None:
@@ -121,3 +140,20 @@ def test_a_recipe_pickles_for_pool_and_ray_workers() -> None:
     recipe = load_recipe(data)
     again = pickle.loads(pickle.dumps(recipe))
     assert again == recipe and again.sha256() == recipe.sha256()
+
+
+def _slow_pid(shared: float, task: int) -> int:
+    time.sleep(shared)  # long enough that both workers take tasks
+    return os.getpid()
+
+
+@pytest.mark.slow  # spawns a pool of 2 twice
+def test_a_pool_serves_every_map_inside_with_and_a_broken_one_is_replaced() -> None:
+    pool = LocalExecutor(2)
+    with pool:
+        first = set(pool.map(_slow_pid, 0.3, [0, 1, 2, 3]))
+        assert set(pool.map(_slow_pid, 0.3, [0, 1, 2, 3])) == first and len(first) == 2
+        with pytest.raises(StorageError, match="worker process died"):
+            pool.map(_die_on_one, 10, [0, 1, 2])
+        assert pool.map(_raise_on_two, 10, [0, 1]) == [10, 11]  # a fresh pool
+    assert pool._pool is None and pool._dir is None  # shut down, its files removed

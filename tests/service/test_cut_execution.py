@@ -73,6 +73,9 @@ def test_settings_choose_the_execution_and_a_plain_cut_has_none(tmp_path: Path) 
     assert cut_execution(plain) is None
     found = cut_execution(Settings(home=tmp_path, cut_executor="local:2", cut_partitions=8))
     assert found is not None and found.partitions == 8
+    assert found.scratch is None  # the system's temp directory
+    shared = Settings(home=tmp_path, cut_partitions=8, cut_scratch=tmp_path / "nfs")
+    assert (found := cut_execution(shared)) is not None and found.scratch == str(tmp_path / "nfs")
     ray = Settings(home=tmp_path, cut_executor="auto", ray_address="ray://head:10001")
     assert cut_execution(ray, "ray://head:10001") is not None  # its own cluster
     assert cut_execution(plain, "ray://other:10001", any_cluster=True) is not None
