@@ -169,7 +169,7 @@ def test_eight_processes_hammer_a_cache_a_third_of_the_working_set(tmp_path: Pat
         "events": str(tmp_path / "events"),
         "keys": keys,
         "seconds": HAMMER_S,
-            "min_reads": MIN_READS,
+        "min_reads": MIN_READS,
         "fetch_delay_s": 0.002,  # keep downloads in flight long enough to collide
         "hold_s": 0.002,  # and leases held long enough to tempt an eviction
         "flaky": 0.05,  # a twentieth of the transfers deliver a corrupt byte
@@ -352,7 +352,7 @@ def test_eight_processes_on_a_disk_that_fills_before_the_budget(tmp_path: Path) 
         "events": str(tmp_path / "events"),
         "keys": keys,
         "seconds": HAMMER_S,
-            "min_reads": MIN_READS,
+        "min_reads": MIN_READS,
         "fetch_delay_s": 0.002,
         "hold_s": 0.002,
         "full_wait_s": 0.5,  # a full disk waits for leases, as a full budget does
