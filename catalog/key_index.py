@@ -160,7 +160,7 @@ class KeyStore:
         self.path = path
         self._load = load
         self._rule = rule
-        self._rule_key = f"{rule.max_distance}/{rule.min_frames}/{rule.window}"
+        self._rule_key = rule.index_key()
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
