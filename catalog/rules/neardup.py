@@ -48,6 +48,7 @@ __all__ = [
     "fingerprint_matrix",
     "frame_match_counts",
     "is_near_duplicate",
+    "key_codes",
     "near_duplicate_pairs",
     "pack_fingerprint",
     "unpack_fingerprint",
@@ -226,12 +227,11 @@ def near_duplicate_pairs(
     if len(query) == 0 or len(ref) == 0:
         return empty
     n_ref = len(ref)
-    q_row, q_code = _key_codes(*band_keys(query, query_len, rule))
-    r_row, r_code = (q_row, q_code) if same else _key_codes(*band_keys(ref, ref_len, rule))
-    order = np.argsort(r_code, kind="stable")
-    r_sorted, r_row = r_code[order], r_row[order]
-    left = np.searchsorted(r_sorted, q_code, side="left")
-    counts = np.searchsorted(r_sorted, q_code, side="right") - left
+    q_row, q_code = _sorted_codes(*band_keys(query, query_len, rule))
+    r_row, r_code = (q_row, q_code) if same else _sorted_codes(*band_keys(ref, ref_len, rule))
+    # Sorted needles: the binary searches walk the reference keys in order.
+    left = np.searchsorted(r_code, q_code, side="left")
+    counts = np.searchsorted(r_code, q_code, side="right") - left
     total = int(counts.sum())
     if total == 0:
         return empty
@@ -253,13 +253,19 @@ def near_duplicate_pairs(
     return qi_all[hit], ri_all[hit]
 
 
-def _key_codes(
+def key_codes(slot: NDArray[np.int64], value: NDArray[np.int64]) -> NDArray[np.uint64]:
+    """One 64-bit code per :func:`band_keys` key (a hash of its slot and value: a
+    collision only adds a candidate, which the rule then rejects)."""
+    return _mix(slot.view(np.uint64), value.view(np.uint64))
+
+
+def _sorted_codes(
     row: NDArray[np.int64], slot: NDArray[np.int64], value: NDArray[np.int64]
-) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-    """One 64-bit code per (slot, value) key (a collision only adds a candidate)."""
-    with np.errstate(over="ignore"):
-        code = _mix(slot.view(np.uint64), value.view(np.uint64))
-    return row, code.view(np.int64)
+) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
+    """The :func:`key_codes` of keys in code order, with the row of each."""
+    code = key_codes(slot, value)
+    order = np.argsort(code)
+    return row[order], code[order]
 
 
 def _mix(a: NDArray[np.uint64], b: NDArray[np.uint64]) -> NDArray[np.uint64]:
@@ -284,8 +290,9 @@ def band_keys(
 
     Returns:
         ``(row, slot, value)``: ``slot`` numbers the key's positions and bands; the
-        value is the bands' bits (single keys) or a 64-bit hash of the two bands' bits
-        (pair keys), as a signed 64-bit int (a 64-bit band wraps; equality holds).
+        value is the band's bits (single keys) or the two bands' bits side by side
+        (pair keys; a 64-bit hash of them where they need more than 63 bits), as a
+        signed 64-bit int (a 64-bit band wraps; equality holds).
     """
     w = rule.window
     inf = _informative(frames[:, :w]) if len(frames) else np.zeros((0, w), dtype=np.bool_)
@@ -346,5 +353,18 @@ def _pair_keys(
             first = _band(frames[rows, p], lo_p, hi_p)
             for j, (lo_q, hi_q) in enumerate(bands):
                 slot = np.full(len(rows), (k * nb + i) * nb + j, dtype=np.int64)
-                out.append((rows, slot, _mix(first, _band(frames[rows, q], lo_q, hi_q))))
+                second = _band(frames[rows, q], lo_q, hi_q)
+                out.append((rows, slot, _join(first, hi_p - lo_p, second, hi_q - lo_q)))
     return out
+
+
+def _join(
+    first: NDArray[np.uint64], first_bits: int, second: NDArray[np.uint64], second_bits: int
+) -> NDArray[np.uint64]:
+    """Two bands as one value: their bits side by side where the bands' widths fit in
+    63 bits (small integers: a compact index), else a 64-bit hash of both. The choice
+    depends on the rule only, so both sides of a pair make the same value."""
+    if first_bits + second_bits <= 63:
+        out: NDArray[np.uint64] = (first << np.uint64(second_bits)) | second
+        return out
+    return _mix(first, second)

@@ -60,10 +60,12 @@ def test_an_index_of_the_earlier_key_scheme_is_rebuilt(tmp_path: Path) -> None:
     config = CatalogConfig.embedded(tmp_path / "lake", eval_fraction=0.0)
     with VidlakeCatalog.open(config) as cat:
         cat.add_assets(_rows(frames, lengths, 0, 40))
-    # What an index written before pair keys holds: the rule's old key, other bands.
+    # What an index written before pair keys holds: the rule's old key, no nd_keys,
+    # the single-position keys in a table of their own.
     with sqlite3.connect(index_path(config)) as db:
         db.execute("UPDATE meta SET rule = '4/6/8' WHERE view = 'assets'")
-        db.execute("DELETE FROM bands")
+        db.execute("DELETE FROM nd_keys")
+        db.execute("CREATE TABLE bands (slot INTEGER, v INTEGER, k BLOB)")
     near = frames ^ np.uint64(1)  # one bit off in every frame: a near copy of each
     with VidlakeCatalog.open(config) as cat:
         rows = _rows(near, lengths, 0, 3)
@@ -77,3 +79,6 @@ def test_an_index_of_the_earlier_key_scheme_is_rebuilt(tmp_path: Path) -> None:
         }
     old = [hashlib.sha256(f"neardup-{k}".encode()).hexdigest() for k in range(3)]
     assert [linked[row["asset_id"]] for row in rows] == [[o] for o in old]
+    with sqlite3.connect(index_path(config)) as db:
+        tables = {t for (t,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "bands" not in tables
