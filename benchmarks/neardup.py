@@ -8,10 +8,11 @@ One embedded catalog (SQLite + local warehouse in a temp dir) is grown to each s
 (``batch_s``: the whole ``add_assets``, an Iceberg commit included) and, for one more
 batch, the key index's near-duplicate search alone (``search_s``:
 :meth:`catalog.key_index.KeyStore.near_duplicates`) with the matches it found
-(then ingests that batch too). Prints one JSON line::
+(then ingests that batch too), and the key index file's bytes per asset
+(``index_kb_per_asset``, after a checkpoint). Prints one JSON line::
 
-    {"sizes", "batch", "runs": [{"existing", "batch_s", "search_s", "matches"}, ...],
-     "growth", "search_growth"}
+    {"sizes", "batch", "runs": [{"existing", "batch_s", "search_s", "matches",
+     "index_kb_per_asset"}, ...], "growth", "search_growth"}
 
 ``growth`` = ``batch_s`` at the largest catalog / at the smallest (goal: flat, ~1);
 ``search_growth`` the same for ``search_s``.
@@ -130,7 +131,14 @@ def _measure(
         "batch_s": round(float(np.median(took)), 3),
         "search_s": round(search_s, 3),
         "matches": len(found.query),
+        "index_kb_per_asset": round(_index_bytes(keys) / corpus.count / 1024, 2),
     }
+
+
+def _index_bytes(keys: Any) -> int:
+    """The key index file's size once its WAL is checkpointed into it."""
+    keys._db().execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return int(Path(keys.path).stat().st_size)
 
 
 def run(root: Path, sizes: list[int], batch: int, batches: int) -> dict[str, Any]:
