@@ -136,7 +136,7 @@ def test_the_default_rule_uses_pair_keys() -> None:
 
 def test_unrelated_fingerprints_almost_never_share_a_key() -> None:
     """1,000 random fingerprints against 4,000: each would share a single-position band
-    key with ~7 of them (15 keys of 12-13 bits); the pair keys make that ~0.01."""
+    key with ~9 of them (15 keys of 12-13 bits); the pair keys make that ~0.01."""
     rng = np.random.default_rng(5)
     ref = random_frames(rng, 4000, RULE.window)
     query = random_frames(rng, 1000, RULE.window)
