@@ -108,7 +108,7 @@ edge_rules = st.one_of(
 )
 
 
-@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=40)
+@settings(suppress_health_check=[HealthCheck.too_slow], deadline=None, max_examples=30)
 @given(rule=edge_rules, seed=st.integers(0, 2**16), n=st.integers(20, 200))
 def test_the_search_finds_exactly_the_brute_force_pairs(
     rule: NearDupRule, seed: int, n: int
