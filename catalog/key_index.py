@@ -26,10 +26,10 @@ key, so there is no Python object, parameter or statement text per key. Keys our
 commits added are also answered from bounded memory (:mod:`catalog.key_index_recent`),
 emptied whenever the view's history is anything but appends.
 
-Near-duplicates: the ``bands`` table is the exact pigeonhole index of
-:func:`catalog.rules.near_duplicate_pairs` on disk; candidates are verified against
-the stored frames, and groups are read by walking ``edges`` from the matched assets,
-so memory follows the batch and its groups, not the catalog.
+Near-duplicates: the ``nd_keys`` table (:mod:`catalog.neardup_index`) holds the exact
+pigeonhole keys of :func:`catalog.rules.near_duplicate_pairs` on disk; candidates are
+verified against the stored frames, and groups are read by walking ``edges`` from the
+matched assets, so memory follows the batch and its groups, not the catalog.
 
 A damaged file (truncated, overwritten, not SQLite: ``SQLITE_CORRUPT``,
 ``SQLITE_NOTADB``) is discarded with a warning and rebuilt from the tables; a lookup
@@ -57,7 +57,7 @@ from pyiceberg.expressions import AlwaysTrue, BooleanExpression, EqualTo
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation
 
-from catalog import rules
+from catalog import neardup_index, rules
 from catalog.backends import BACKEND_ERRORS
 from catalog.config import CatalogConfig
 from catalog.errors import StorageError
@@ -160,7 +160,7 @@ class KeyStore:
         self.path = path
         self._load = load
         self._rule = rule
-        self._rule_key = f"{rule.max_distance}/{rule.min_frames}/{rule.window}"
+        self._rule_key = rule.index_key()
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
@@ -441,20 +441,8 @@ class KeyStore:
     def _candidates(
         self, conn: sqlite3.Connection, frames: NDArray[np.uint64], lengths: NDArray[np.int64]
     ) -> tuple[NDArray[np.int64], list[str]]:
-        """(batch row, asset id) pairs sharing a band key, without repeats."""
-        row, slot, value = rules.band_keys(frames, lengths, self._rule)
-        conn.execute("CREATE TEMP TABLE IF NOT EXISTS q (r INTEGER, slot INTEGER, v INTEGER)")
-        conn.execute("DELETE FROM q")
-        conn.executemany(
-            "INSERT INTO q VALUES (?, ?, ?)",
-            zip(row.tolist(), slot.tolist(), value.tolist(), strict=True),
-        )
-        found = conn.execute(
-            "SELECT DISTINCT q.r, a.asset_id FROM q"
-            " JOIN bands b ON b.slot = q.slot AND b.v = q.v JOIN assets a ON a.k = b.k"
-        ).fetchall()
-        conn.execute("DELETE FROM q")
-        return np.array([r for r, _ in found], dtype=np.int64), [a for _, a in found]
+        """(batch row, asset id) pairs sharing a search key, without repeats."""
+        return neardup_index.candidates(conn, frames, lengths, self._rule)
 
     def _assets(self, conn: sqlite3.Connection, ids: list[str]) -> dict[str, tuple[float, bytes]]:
         """Bitrate and stored frames of each known asset among ``ids``."""

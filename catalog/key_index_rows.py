@@ -9,8 +9,8 @@ rows of the index's SQLite tables, and the index's schema:
 ``latents``  key digest of (clip, rung, tokenizer, member SHA-256)
 ``edges``    recorded near-duplicate links, both directions, by source (``a``: the
              assets' ``near_duplicates``/``duplicate_of``; ``e``: link events)
-``bands``    the near-duplicate search keys of every asset
-             (:func:`catalog.rules.band_keys`) and the asset's key digest
+``nd_keys``  the near-duplicate search keys of every asset, compact
+             (:mod:`catalog.neardup_index`)
 ============ =================================================================
 
 A key digest is the key itself for the tables' hex ids (asset ids: 64 digits, clip ids:
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numpy.typing import NDArray
 
-from catalog import rules
+from catalog import neardup_index, rules
 from catalog.keycache import combined, latent_key, to_numpy
 
 __all__ = [
@@ -116,14 +116,12 @@ CREATE TABLE IF NOT EXISTS latents (k BLOB PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS edges (
     a TEXT NOT NULL, b TEXT NOT NULL, src TEXT NOT NULL, PRIMARY KEY (a, b, src)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS bands (
-    slot INTEGER NOT NULL, v INTEGER NOT NULL, k BLOB NOT NULL, PRIMARY KEY (slot, v, k)
-) WITHOUT ROWID;
 """
+SCHEMA += neardup_index.SCHEMA
 
 #: The statements that empty one view before a rebuild.
 CLEAR: dict[str, tuple[str, ...]] = {
-    "assets": ("DELETE FROM assets", "DELETE FROM bands", "DELETE FROM edges WHERE src = 'a'"),
+    "assets": ("DELETE FROM assets", neardup_index.CLEAR, "DELETE FROM edges WHERE src = 'a'"),
     "clips": ("DELETE FROM clips",),
     "latents": ("DELETE FROM latents",),
     "near_dup_events": ("DELETE FROM edges WHERE src = 'e'",),
@@ -233,7 +231,7 @@ def _pairs(a: list[Any], b: list[Any]) -> Iterator[tuple[str, str]]:
 
 
 def _asset_rows(rows: pa.Table, rule: rules.NearDupRule) -> Writes:
-    """Assets: the key row, the link edges and the band keys of each asset."""
+    """Assets: the key row, the link edges and the near-duplicate keys of each asset."""
     ids = rows["asset_id"].to_pylist()
     frames, lengths = rules.fingerprint_matrix(rows["fingerprint"], rule.window)
     packed = [frames[i, : lengths[i]].astype(">u8").tobytes() for i in range(len(ids))]
@@ -247,10 +245,9 @@ def _asset_rows(rows: pa.Table, rule: rules.NearDupRule) -> Writes:
     dup_of = rows["duplicate_of"].to_pylist()
     edge_a = [ids[i] for i in owner.tolist()] + ids
     edge_b = others + dup_of
-    row, slot, value = rules.band_keys(frames, lengths, rule)
-    bands = zip(slot.tolist(), value.tolist(), [keys[i] for i in row.tolist()], strict=True)
+    near_keys = neardup_index.key_rows(frames, lengths, keys, rule)
     return [
         ("INSERT OR IGNORE INTO assets VALUES (?, ?, ?, ?, ?)", keyed),
         ("INSERT OR IGNORE INTO edges VALUES (?, ?, 'a')", _pairs(edge_a, edge_b)),
-        ("INSERT OR IGNORE INTO bands VALUES (?, ?, ?)", sorted(bands)),
+        *((neardup_index.INSERT, Packed(w, blob, rows)) for blob, rows, w in near_keys),
     ]

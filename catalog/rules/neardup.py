@@ -9,13 +9,24 @@ over the first ``L = min(len(A), len(B), window)`` aligned frames, at least
 all-1 and must not make every video with a black intro a duplicate of every other).
 Frames are compared at the same index only (re-encodes of one video, not trims).
 
-Candidates are found without comparing every pair. By pigeonhole, a matching pair has
-a matching frame among positions ``0 .. window - min_frames``, and two hashes within
-``max_distance`` bits agree exactly on at least one of ``max_distance + 1`` disjoint bit
-bands. So the reference side is indexed by (position, band, band value) in sorted
-arrays, each query frame looks up its band values with ``searchsorted``, and only the
-pairs that share a key are verified, vectorised. The search is exact: it finds every
-pair the rule accepts.
+Candidates are found without comparing every pair, by keys that any matching pair
+shares (:func:`band_keys`); only pairs that share a key are verified, vectorised. Two
+hashes within ``max_distance`` bits agree exactly on at least one of ``max_distance + 1``
+disjoint bit bands, so a matching *position* shares a (position, band, value) key. A
+match needs ``min_frames`` of the first ``window`` positions, so at most
+``s = window - min_frames`` of them fail, and:
+
+* **pair keys** (when ``2 (s + 1) <= window`` and ``max_distance <= 7``): of the ``s + 1``
+  disjoint position pairs ``(0, 1), (2, 3), ...`` at least one has both positions
+  matching, so the pair shares a key made of one band of each of its two frames:
+  ``(s + 1)·(max_distance + 1)²`` keys per fingerprint (75 for the default rule) of two
+  bands' bits together (~25), where one position's band (~13 bits) would make a random
+  frame a candidate of every ~8,000th asset;
+* **single keys** (otherwise): one of the ``s + 1`` positions ``0 .. s`` matches, so it
+  shares a (position, band) key.
+
+Either way the search is exact: it finds every pair the rule accepts
+(docs/decisions/034-neardup-pair-keys.md).
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ __all__ = [
     "fingerprint_matrix",
     "frame_match_counts",
     "is_near_duplicate",
+    "key_codes",
     "near_duplicate_pairs",
     "pack_fingerprint",
     "unpack_fingerprint",
@@ -51,6 +63,10 @@ MIN_FRAME_BITS = 8
 _VERIFY_CHUNK = 1 << 20
 #: Fingerprints decoded per vectorised chunk.
 _DECODE_CHUNK = 1 << 16
+#: Constants of the 64-bit mix that joins two bands into one pair key.
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
 
 
 def pack_fingerprint(frame_hashes: Iterable[int]) -> bytes:
@@ -135,6 +151,21 @@ class NearDupRule:
         edges = [b * 64 // (self.max_distance + 1) for b in range(self.max_distance + 2)]
         return list(itertools.pairwise(edges))
 
+    def key_pairs(self) -> list[tuple[int, int]]:
+        """The disjoint position pairs of the pair keys (module docstring), or ``[]``
+        where the rule needs single keys: ``s + 1`` pairs for ``s = window -
+        min_frames`` failed positions, when they fit the window and a band has at
+        least 8 bits."""
+        slack = self.window - self.min_frames
+        if 2 * (slack + 1) > self.window or self.max_distance > 7:
+            return []
+        return [(2 * k, 2 * k + 1) for k in range(slack + 1)]
+
+    def index_key(self) -> str:
+        """What an index of :func:`band_keys` depends on (a change rebuilds it)."""
+        kind = "pairs" if self.key_pairs() else "singles"
+        return f"{self.max_distance}/{self.min_frames}/{self.window}/{kind}-v1"
+
 
 def _informative(frames: NDArray[np.uint64]) -> NDArray[np.bool_]:
     bits = np.bitwise_count(frames)
@@ -195,36 +226,20 @@ def near_duplicate_pairs(
     empty = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
     if len(query) == 0 or len(ref) == 0:
         return empty
-    w, n_ref = rule.window, len(ref)
-    q_inf, r_inf = _informative(query[:, :w]), _informative(ref[:, :w])
-    codes: list[NDArray[np.int64]] = []
-    for pos in range(w - rule.min_frames + 1):
-        r_rows = np.flatnonzero((ref_len > pos) & r_inf[:, pos])
-        q_rows = np.flatnonzero((query_len > pos) & q_inf[:, pos])
-        if len(r_rows) == 0 or len(q_rows) == 0:
-            continue
-        for lo, hi in rule.bands():
-            mask = np.uint64((1 << (hi - lo)) - 1)
-            r_val = (ref[r_rows, pos] >> np.uint64(lo)) & mask
-            q_val = (query[q_rows, pos] >> np.uint64(lo)) & mask
-            order = np.argsort(r_val, kind="stable")
-            r_sorted = r_val[order]
-            left = np.searchsorted(r_sorted, q_val, side="left")
-            right = np.searchsorted(r_sorted, q_val, side="right")
-            counts = right - left
-            total = int(counts.sum())
-            if total == 0:
-                continue
-            qi = np.repeat(q_rows, counts)
-            # Positions left[k] .. right[k]-1 for every query k, flattened.
-            within = np.arange(total, dtype=np.int64) - np.repeat(
-                np.cumsum(counts) - counts, counts
-            )
-            ri = r_rows[order[np.repeat(left, counts) + within]]
-            codes.append(qi.astype(np.int64) * n_ref + ri.astype(np.int64))
-    if not codes:
+    n_ref = len(ref)
+    q_row, q_code = _sorted_codes(*band_keys(query, query_len, rule))
+    r_row, r_code = (q_row, q_code) if same else _sorted_codes(*band_keys(ref, ref_len, rule))
+    # Sorted needles: the binary searches walk the reference keys in order.
+    left = np.searchsorted(r_code, q_code, side="left")
+    counts = np.searchsorted(r_code, q_code, side="right") - left
+    total = int(counts.sum())
+    if total == 0:
         return empty
-    cand = np.unique(np.concatenate(codes))
+    qi = np.repeat(q_row, counts)
+    # Positions left[k] .. right[k]-1 for every query key k, flattened.
+    within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
+    ri = r_row[np.repeat(left, counts) + within]
+    cand = np.unique(qi * n_ref + ri)
     qi_all, ri_all = cand // n_ref, cand % n_ref
     if same:
         keep = qi_all < ri_all
@@ -238,35 +253,118 @@ def near_duplicate_pairs(
     return qi_all[hit], ri_all[hit]
 
 
+def key_codes(slot: NDArray[np.int64], value: NDArray[np.int64]) -> NDArray[np.uint64]:
+    """One 64-bit code per :func:`band_keys` key (a hash of its slot and value: a
+    collision only adds a candidate, which the rule then rejects)."""
+    return _mix(slot.view(np.uint64), value.view(np.uint64))
+
+
+def _sorted_codes(
+    row: NDArray[np.int64], slot: NDArray[np.int64], value: NDArray[np.int64]
+) -> tuple[NDArray[np.int64], NDArray[np.uint64]]:
+    """The :func:`key_codes` of keys in code order, with the row of each."""
+    code = key_codes(slot, value)
+    order = np.argsort(code)
+    return row[order], code[order]
+
+
+def _mix(a: NDArray[np.uint64], b: NDArray[np.uint64]) -> NDArray[np.uint64]:
+    """A 64-bit hash of ``(a, b)`` (splitmix64's finaliser over ``a·φ ^ b``)."""
+    with np.errstate(over="ignore"):
+        x = (a * _GOLDEN) ^ b
+        x = (x ^ (x >> np.uint64(30))) * _MIX1
+        x = (x ^ (x >> np.uint64(27))) * _MIX2
+        out: NDArray[np.uint64] = x ^ (x >> np.uint64(31))
+    return out
+
+
 def band_keys(
     frames: NDArray[np.uint64], lengths: NDArray[np.int64], rule: NearDupRule
 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.int64]]:
-    """The (position, band, band value) keys :func:`near_duplicate_pairs` searches by,
-    for an index kept outside memory (:mod:`catalog.key_index`).
+    """The search keys of each fingerprint (module docstring), for
+    :func:`near_duplicate_pairs` and for an index kept outside memory
+    (:mod:`catalog.key_index`).
 
-    Two rows share a key exactly when the search would make them a candidate pair:
-    the same position ``0 .. window - min_frames``, both frames informative, equal
-    bits in one band.
+    Every pair the rule accepts shares at least one key; a key is emitted only where
+    its positions exist and their frames are informative.
 
     Returns:
-        ``(row, slot, value)``: ``slot = position * (max_distance + 1) + band`` and the
-        band's bits as a signed 64-bit int (a 64-bit band wraps; equality holds).
+        ``(row, slot, value)``: ``slot`` numbers the key's positions and bands; the
+        value is the band's bits (single keys) or the two bands' bits side by side
+        (pair keys; a 64-bit hash of them where they need more than 63 bits), as a
+        signed 64-bit int (a 64-bit band wraps; equality holds).
     """
-    w, bands = rule.window, rule.bands()
+    w = rule.window
     inf = _informative(frames[:, :w]) if len(frames) else np.zeros((0, w), dtype=np.bool_)
-    rows_out, slots, values = [], [], []
-    for pos in range(w - rule.min_frames + 1):
-        rows = np.flatnonzero((lengths > pos) & inf[:, pos])
-        for b, (lo, hi) in enumerate(bands):
-            mask = np.uint64((1 << (hi - lo)) - 1)
-            rows_out.append(rows)
-            slots.append(np.full(len(rows), pos * len(bands) + b, dtype=np.int64))
-            values.append(((frames[rows, pos] >> np.uint64(lo)) & mask).view(np.int64))
-    if not rows_out:
+    pairs = rule.key_pairs()
+    if pairs:
+        parts = _pair_keys(frames, lengths, inf, rule, pairs)
+    else:
+        parts = _single_keys(frames, lengths, inf, rule)
+    if not parts:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
+    rows, slots, values = zip(*parts, strict=True)
     return (
-        np.concatenate(rows_out).astype(np.int64),
-        np.concatenate(slots),
-        np.concatenate(values),
+        np.concatenate(rows).astype(np.int64),
+        np.concatenate(slots).astype(np.int64),
+        np.concatenate(values).view(np.int64),
     )
+
+
+_KeyPart = tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.uint64]]
+
+
+def _band(frames: NDArray[np.uint64], lo: int, hi: int) -> NDArray[np.uint64]:
+    mask = np.uint64((1 << (hi - lo)) - 1)
+    out: NDArray[np.uint64] = (frames >> np.uint64(lo)) & mask
+    return out
+
+
+def _single_keys(
+    frames: NDArray[np.uint64],
+    lengths: NDArray[np.int64],
+    inf: NDArray[np.bool_],
+    rule: NearDupRule,
+) -> list[_KeyPart]:
+    """(position, band) keys at positions ``0 .. window - min_frames``."""
+    bands, out = rule.bands(), []
+    for pos in range(rule.window - rule.min_frames + 1):
+        rows = np.flatnonzero((lengths > pos) & inf[:, pos])
+        for b, (lo, hi) in enumerate(bands):
+            slot = np.full(len(rows), pos * len(bands) + b, dtype=np.int64)
+            out.append((rows, slot, _band(frames[rows, pos], lo, hi)))
+    return out
+
+
+def _pair_keys(
+    frames: NDArray[np.uint64],
+    lengths: NDArray[np.int64],
+    inf: NDArray[np.bool_],
+    rule: NearDupRule,
+    pairs: list[tuple[int, int]],
+) -> list[_KeyPart]:
+    """(position pair, band at each) keys: one band of each frame, hashed together."""
+    bands, out = rule.bands(), []
+    nb = len(bands)
+    for k, (p, q) in enumerate(pairs):
+        rows = np.flatnonzero((lengths > q) & inf[:, p] & inf[:, q])
+        for i, (lo_p, hi_p) in enumerate(bands):
+            first = _band(frames[rows, p], lo_p, hi_p)
+            for j, (lo_q, hi_q) in enumerate(bands):
+                slot = np.full(len(rows), (k * nb + i) * nb + j, dtype=np.int64)
+                second = _band(frames[rows, q], lo_q, hi_q)
+                out.append((rows, slot, _join(first, hi_p - lo_p, second, hi_q - lo_q)))
+    return out
+
+
+def _join(
+    first: NDArray[np.uint64], first_bits: int, second: NDArray[np.uint64], second_bits: int
+) -> NDArray[np.uint64]:
+    """Two bands as one value: their bits side by side where the bands' widths fit in
+    63 bits (small integers: a compact index), else a 64-bit hash of both. The choice
+    depends on the rule only, so both sides of a pair make the same value."""
+    if first_bits + second_bits <= 63:
+        out: NDArray[np.uint64] = (first << np.uint64(second_bits)) | second
+        return out
+    return _mix(first, second)
