@@ -6,12 +6,13 @@ SQLite key index, asset references, the eval carve-out), at ~30-40k clips/s here
 large catalog (``lineage.py``, ``service_load.py --bulk``) seed it with this module
 instead: rows are built with vectorised Arrow/numpy (random hex ids; clip ids by the
 catalog's rule, :func:`catalog.rules.clip_ids`), coerced and conformed to the table
-schema as the catalog does (:func:`catalog.coerce.coerce_batch`), and committed by the
-catalog's fast append (:func:`catalog._append.append`) in chunks of ``chunk`` rows, so
-the data files, their row groups (:mod:`catalog.row_groups`) and the snapshots are what
-an ingest writes. What it skips: the duplicate and reference checks (the ids are
-unique by construction) and the key index (so the seeded catalog must not be ingested
-into afterwards), and every asset is ``train``.
+schema as the catalog does (:func:`catalog.coerce.coerce_batch`), and committed by
+pyiceberg's ``Table.append`` in chunks of ``chunk`` rows, under the table properties the
+catalog set (so the row groups are :mod:`catalog.row_groups`'), one data file and one
+snapshot per chunk, as an ingest of that batch would write. What it skips: the
+duplicate and reference checks (the ids are unique by construction) and the key index
+(so the seeded catalog must not be ingested into afterwards), and every asset is
+``train``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,6 @@ def _chunks(n: int, chunk: int) -> Iterator[tuple[int, int]]:
 
 
 def _append(catalog: object, table: str, rows: pa.Table) -> None:
-    from catalog import _append
     from catalog.coerce import coerce_batch, conform
     from catalog.tables import TABLES
 
@@ -71,7 +71,7 @@ def _append(catalog: object, table: str, rows: pa.Table) -> None:
         batch = batch.set_column(
             split, "split", repeat("train", rows.num_rows).cast(pa.large_string())
         )
-    _append.append(tbl, conform(batch, tbl.schema()), {"vidlake.rows": str(rows.num_rows)})
+    tbl.append(conform(batch, tbl.schema()), {"vidlake.rows": str(rows.num_rows)})
 
 
 def _assets(ids: pa.Array, lo: int) -> pa.Table:
