@@ -1,4 +1,4 @@
-"""Seed a large embedded catalog fast: the catalog's own writer, without its ingest checks.
+"""Seed a large embedded catalog fast: its tables and row groups, without its ingest checks.
 
 ``catalog.add_clips`` checks every row against the catalog (duplicate keys in the
 SQLite key index, asset references, the eval carve-out), at ~30-40k clips/s here, so

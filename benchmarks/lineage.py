@@ -21,7 +21,7 @@ first-use build that is linear in clips. DuckDB's point query prunes row groups 
 their min/max statistics, which a random hex key defeats, so it grows linearly with
 the file. Default 200k clips (about a minute here); ``--quick``: 50k; the goal's size is
 ``--clips 10000000``. Above 1M clips the catalog is seeded in bulk
-(``benchmarks/bulk_seed.py``: the catalog's own writer and row groups, 1M-row commits,
+(``benchmarks/bulk_seed.py``: the catalog's schema and row groups, 1M-row appends,
 without the ingest checks, which would take longer than the run may); ``--seed``
 chooses. The JSON also says ``seed`` and ``clip_row_groups``.
 """
