@@ -20,7 +20,10 @@ one row group read per table), the manifest rows from a cached digest index of
 first-use build that is linear in clips. DuckDB's point query prunes row groups by
 their min/max statistics, which a random hex key defeats, so it grows linearly with
 the file. Default 200k clips (about a minute here); ``--quick``: 50k; the goal's size is
-``--clips 10000000``.
+``--clips 10000000``. Above 1M clips the catalog is seeded in bulk
+(``benchmarks/bulk_seed.py``: the catalog's schema and row groups, 1M-row appends,
+without the ingest checks, which would take longer than the run may); ``--seed``
+chooses. The JSON also says ``seed`` and ``clip_row_groups``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -45,7 +49,7 @@ def _ms(times: list[float], q: float) -> float:
     return round(float(np.quantile(np.array(times) * 1e3, q)), 3)
 
 
-def run(clips: int, queries: int, home: Path) -> dict[str, Any]:
+def run(clips: int, queries: int, home: Path, *, bulk: bool) -> dict[str, Any]:
     import duckdb
     import service_load
 
@@ -57,10 +61,11 @@ def run(clips: int, queries: int, home: Path) -> dict[str, Any]:
     from service.sql import CatalogViews
 
     t0 = time.perf_counter()
-    seeded = service_load.seed(home, clips, steps=max(16, clips // 256), batch=256)
+    seeded = service_load.seed(home, clips, steps=max(16, clips // 256), batch=256, bulk=bulk)
     seed_s = time.perf_counter() - t0
     rng = np.random.default_rng(0)
-    ids = [seeded["clips"][i] for i in rng.integers(0, len(seeded["clips"]), queries)]
+    all_ids = seeded["clip_ids"]
+    ids = [all_ids[int(i)].as_py() for i in rng.integers(0, len(all_ids), queries)]
     # What the service's dependencies hold (service/deps.py), without the HTTP layer.
     with VidlakeCatalog.open(CatalogConfig.embedded(home)) as catalog:
         views = CatalogViews(catalog)
@@ -94,6 +99,8 @@ def run(clips: int, queries: int, home: Path) -> dict[str, Any]:
         "ratio": round(float(np.median(ours) / np.median(duck)), 3),
         "first_ms": round(first * 1e3, 1),
         "clip_files": len(files),
+        "clip_row_groups": sum(pq.ParquetFile(f).metadata.num_row_groups for f in files),
+        "seed": "bulk" if bulk else "ingest",
         "seed_s": round(seed_s, 1),
         "loadavg_1m": round(os.getloadavg()[0], 2),
     }
@@ -105,13 +112,21 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=50)
     parser.add_argument("--quick", action="store_true", help="50k clips")
     parser.add_argument("--home", type=Path, default=None, help="keep the catalog here")
+    parser.add_argument(
+        "--seed",
+        choices=("auto", "ingest", "bulk"),
+        default="auto",
+        help="fill the catalog through its ingest, or bulk (benchmarks/bulk_seed.py); "
+        "auto: bulk above 1M clips",
+    )
     args = parser.parse_args()
     clips = 50_000 if args.quick else args.clips
+    bulk = args.seed == "bulk" or (args.seed == "auto" and clips > 1_000_000)
     if args.home is not None:
-        print(json.dumps(run(clips, args.queries, args.home)))
+        print(json.dumps(run(clips, args.queries, args.home, bulk=bulk)))
         return
     with tempfile.TemporaryDirectory(prefix="vidlake-bench-lineage-") as tmp:
-        print(json.dumps(run(clips, args.queries, Path(tmp))))
+        print(json.dumps(run(clips, args.queries, Path(tmp), bulk=bulk)))
 
 
 if __name__ == "__main__":

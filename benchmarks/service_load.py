@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,15 +55,9 @@ def _hex(prefix: str, n: int, width: int) -> list[str]:
     return [hashlib.sha256(f"{prefix}{i}".encode()).hexdigest()[:width] for i in range(n)]
 
 
-def seed(home: Path, clips: int, steps: int, batch: int) -> dict[str, Any]:
-    """Fill an embedded catalog and publish one snapshot over every train clip."""
-    from catalog.catalog import VidlakeCatalog
-    from catalog.config import CatalogConfig
-    from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
-    from manifests.ipc import write_table
-    from manifests.registry import Registry, canonical_json
-
-    catalog = VidlakeCatalog.open(CatalogConfig.embedded(home))
+def _ingest(catalog: Any, clips: int) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """Fill the catalog through its ingest (every check); the train clips' ids and
+    assets, and every asset id."""
     n_assets = max(1, clips // 2)
     asset_ids = _hex("asset", n_assets, 64)
     catalog.add_assets(
@@ -79,11 +74,10 @@ def seed(home: Path, clips: int, steps: int, batch: int) -> dict[str, Any]:
     )
     owner = np.arange(clips) % n_assets
     starts = (np.arange(clips) // n_assets).astype(np.float64) * 4.0
-    clip_assets = [asset_ids[i] for i in owner]
     catalog.add_clips(
         pa.table(
             {
-                "asset_id": clip_assets,
+                "asset_id": pc.take(pa.array(asset_ids), pa.array(owner)),
                 "t_start_s": starts,
                 "t_end_s": starts + 4.0,
                 "split_version": ["v1"] * clips,
@@ -94,8 +88,32 @@ def seed(home: Path, clips: int, steps: int, batch: int) -> dict[str, Any]:
         )
     )
     table = catalog.scan("clips", columns=["clip_id", "asset_id"])  # train only
-    clip_ids = table.column("clip_id").to_pylist()
-    assets = table.column("asset_id").to_pylist()
+    ids = table["clip_id"].combine_chunks()
+    return ids, table["asset_id"].combine_chunks(), pa.array(asset_ids)
+
+
+def seed(home: Path, clips: int, steps: int, batch: int, *, bulk: bool = False) -> dict[str, Any]:
+    """Fill an embedded catalog and publish one snapshot over every train clip.
+
+    ``bulk``: through :func:`bulk_seed.bulk_fill` (the catalog's writer without its
+    ingest checks; nothing may be ingested into the catalog afterwards) instead of
+    ``add_assets`` / ``add_clips``. Returns ``version``, ``clip_ids`` (an Arrow array)
+    and ``num_steps``.
+    """
+    from catalog.catalog import VidlakeCatalog
+    from catalog.config import CatalogConfig
+    from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, PLAN_SCHEMA
+    from manifests.ipc import write_table
+    from manifests.registry import Registry, canonical_json
+
+    catalog = VidlakeCatalog.open(CatalogConfig.embedded(home))
+    if bulk:
+        from bulk_seed import bulk_fill
+
+        filled = bulk_fill(catalog, clips)
+        clip_ids, assets, asset_ids = filled.clip_ids, filled.clip_assets, filled.asset_ids
+    else:
+        clip_ids, assets, asset_ids = _ingest(catalog, clips)
     n = len(clip_ids)
     rng = np.random.default_rng(0)
     work = home / "bench-cut"
@@ -111,14 +129,14 @@ def seed(home: Path, clips: int, steps: int, batch: int) -> dict[str, Any]:
             "bucket": np.zeros(n, np.int32),
             "num_frames": np.full(n, 96, np.int32),
             "tokens": np.full(n, 4096, np.int64),
-            "object_sha256": [latent] * n,
+            "object_sha256": _repeat(latent, n),
             "offset": np.zeros(n, np.int64),
             "length": np.full(n, 1000, np.int64),
-            "member_sha256": [latent] * n,
-            "format": ["safetensors"] * n,
-            "tensor_keys": pa.array([["latent"]] * n, pa.list_(pa.string())),
-            "captions": pa.array([["a clip"]] * n, pa.list_(pa.string())),
-            "text_embedding_sha256": pa.array([[]] * n, pa.list_(pa.string())),
+            "member_sha256": _repeat(latent, n),
+            "format": _repeat("safetensors", n),
+            "tensor_keys": _lists("latent", n, 1),
+            "captions": _lists("a clip", n, 1),
+            "text_embedding_sha256": _lists("", n, 0),
         },
         schema=INDEX_SCHEMA,
     )
@@ -151,13 +169,16 @@ def seed(home: Path, clips: int, steps: int, batch: int) -> dict[str, Any]:
         }
     )
     write_table(work / "lineage.arrow", lineage)
-    # The columns a real cut's manifest carries for step summaries.
-    source_of = {a: i % 7 for i, a in enumerate(asset_ids)}
+    # The columns a real cut's manifest carries for step summaries: the catalog's
+    # source and license of each clip's asset (the i-th asset has src-{i % 7}).
+    source_i = pc.index_in(assets, value_set=asset_ids).to_numpy() % 7
     manifest = (
-        index.append_column("tier", pa.array(["gold"] * n))
-        .append_column("source", pa.array([f"src-{source_of[a]}" for a in assets]))
-        .append_column("source_tier", pa.array(["licensed"] * n))
-        .append_column("license_id", pa.array([f"lic-{source_of[a] % 5}" for a in assets]))
+        index.append_column("tier", _repeat("gold", n))
+        .append_column("source", pc.take(pa.array([f"src-{i}" for i in range(7)]), source_i))
+        .append_column("source_tier", _repeat("licensed", n))
+        .append_column(
+            "license_id", pc.take(pa.array([f"lic-{i}" for i in range(5)]), source_i % 5)
+        )
         .append_column("score_aesthetic", pa.array(rng.random(n)))
     )
     pq.write_table(manifest, str(work / "manifest.parquet"), row_group_size=64 * 1024)
@@ -186,7 +207,17 @@ def seed(home: Path, clips: int, steps: int, batch: int) -> dict[str, Any]:
         {name: work / name for name in names}, meta, parent=None
     )
     catalog.close()
-    return {"version": record.version, "clips": clip_ids, "num_steps": steps}
+    return {"version": record.version, "clip_ids": clip_ids, "num_steps": steps}
+
+
+def _repeat(value: str, n: int) -> pa.Array:
+    return pc.take(pa.array([value]), pa.array(np.zeros(n, np.int32)))
+
+
+def _lists(value: str, n: int, per_row: int) -> pa.Array:
+    """``n`` lists of ``per_row`` copies of ``value`` (no Python list per row)."""
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * per_row, pa.int32())
+    return pa.ListArray.from_arrays(offsets, _repeat(value, n * per_row))
 
 
 # -- server ----------------------------------------------------------------------------
@@ -302,11 +333,12 @@ def main() -> None:
     t0 = time.perf_counter()
     seeded = seed(home, args.clips, args.steps, args.batch)
     seed_s = time.perf_counter() - t0
+    clip_list = seeded["clip_ids"].to_pylist()
     proc, url = start_server(home)
     try:
         import httpx
 
-        v, clips, num_steps = seeded["version"], seeded["clips"], seeded["num_steps"]
+        v, clips, num_steps = seeded["version"], clip_list, seeded["num_steps"]
         with httpx.Client(base_url=url, timeout=60) as warm:  # first use opens everything
             warm.get(f"/v1/snapshots/{v}/steps/0")
             warm.get(f"/v1/lineage/clips/{clips[0]}")
@@ -402,7 +434,7 @@ def main() -> None:
     lineage_p99 = endpoints["GET /v1/lineage/clips/{id}"]["p99_ms"]
     out = {
         "benchmark": "service_load",
-        "clips": len(seeded["clips"]),
+        "clips": len(clip_list),
         "plan_rows": args.steps * args.batch,
         "rate": args.rate,
         "clients": args.clients,

@@ -11,8 +11,10 @@ schema (:func:`catalog.coerce.conform`), so this module does only what an append
 1. split the batch by partition value (identity transforms: a sort-free
    ``group_by`` over the partition columns; one group is the usual case);
 2. write each part with ``pyarrow.parquet.ParquetWriter`` under the table's Parquet
-   properties, the Iceberg field ids in the Arrow field metadata (``PARQUET:field_id``)
-   so that readers map columns by id, and read the column statistics of the
+   properties (rows per row group capped by :mod:`catalog.row_groups`, which this
+   commit records as the table's property when an old table lacks it), the Iceberg
+   field ids in the Arrow field metadata (``PARQUET:field_id``) so that readers map
+   columns by id, and read the column statistics of the
    ``DataFile`` from the writer's footer (pyiceberg's own helpers, so the table's
    ``write.metadata.metrics.*`` modes apply);
 3. write one manifest and a manifest list that keeps the parent's manifests (a fast
@@ -66,9 +68,16 @@ from pyiceberg.table.snapshots import (
     Summary,
     update_snapshot_summaries,
 )
-from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
+from pyiceberg.table.update import (
+    AddSnapshotUpdate,
+    AssertRefSnapshotId,
+    SetPropertiesUpdate,
+    SetSnapshotRefUpdate,
+)
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
+
+from catalog import row_groups
 
 __all__ = ["append"]
 
@@ -199,11 +208,7 @@ def _file_plan(meta: TableMetadata) -> _FilePlan:
 
 def _new_file_plan(schema: Schema, props: Mapping[str, str]) -> _FilePlan:
     props = dict(props)
-    row_group = int(
-        props.get(
-            TableProperties.PARQUET_ROW_GROUP_LIMIT, TableProperties.PARQUET_ROW_GROUP_LIMIT_DEFAULT
-        )
-    )
+    row_group = row_groups.row_group_rows(props)  # an old table's limit, capped
     paths = parquet_path_to_id_mapping(schema)
     kwargs = _get_parquet_writer_kwargs(props)
     unique = set(schema.identifier_field_ids)
@@ -332,7 +337,7 @@ def _snapshot(
         summary=summary,
         schema_id=meta.current_schema_id,
     )
-    updates = (
+    updates: tuple[Any, ...] = (
         AddSnapshotUpdate(snapshot=snapshot),
         SetSnapshotRefUpdate(
             snapshot_id=snapshot_id,
@@ -344,5 +349,8 @@ def _snapshot(
             min_snapshots_to_keep=None,
         ),
     )
+    fix = row_groups.stale(meta.properties)
+    if fix is not None:  # an old table: record the limit its new files were written under
+        updates += (SetPropertiesUpdate(updates=fix),)
     requirements = (AssertRefSnapshotId(snapshot_id=parent_id, ref=MAIN_BRANCH),)
     return updates, requirements

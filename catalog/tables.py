@@ -51,7 +51,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from catalog import names
+from catalog import names, row_groups
 from catalog.errors import Conflict
 from catalog.rules import FRAME_BYTES
 from catalog.table_names import EVAL_SPLIT, TABLE_NAMES, TRAIN_SPLIT
@@ -134,9 +134,9 @@ class TableDef:
         props = {
             "write.parquet.compression-codec": "zstd",
             "write.parquet.compression-level": "1",
-            # Small row groups let a point lookup (lineage of one clip) read ~64k rows
-            # instead of a whole data file; scans lose little at this size.
-            "write.parquet.row-group-limit": "65536",
+            # Small row groups for the tables a point lookup (lineage of one clip)
+            # reads by key: it decodes one row group (catalog.row_groups).
+            row_groups.PROPERTY: str(row_groups.limit_for(self.name)),
             "vidlake.table": self.name,
         }
         if self.dedup:

@@ -10,8 +10,9 @@
   answers ``GET /v1/jobs/{id}`` for every job and lists them all.
 
 :func:`open_job_store` picks by the catalog URI (``postgresql…``: the database; anything
-else: the file). Every call opens its own connection and changes rows in one
-transaction, so a store is safe to share between threads, processes and hosts.
+else: the file). Every call changes rows in one transaction, on a connection kept per
+thread (SQLite) or its own (PostgreSQL), so a store is safe to share between threads,
+processes and hosts.
 :meth:`JobStoreBase.create_once` takes a lock per (kind, key) inside that transaction
 (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: a transaction-scoped advisory lock), so that
 identical requests arriving at two replicas share one job.
@@ -33,7 +34,7 @@ import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -363,6 +364,9 @@ class JobStore(JobStoreBase):
         self.path = Path(path)
         self._ready = False
         self._ready_lock = threading.Lock()
+        # One connection per thread, kept: opening one cost ~1.5 ms of every
+        # ``GET /v1/jobs`` (issue 16). Keyed by pid too: a forked child opens its own.
+        self._local = threading.local()
 
     def _prepare(self) -> None:
         with self._ready_lock:
@@ -375,17 +379,49 @@ class JobStore(JobStoreBase):
                 con.close()
                 self._ready = True
 
+    def _open(self) -> sqlite3.Connection:
+        con = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S)
+        con.row_factory = sqlite3.Row
+        return con
+
+    def _held(self) -> _Held:
+        held: _Held | None = getattr(self._local, "held", None)
+        if held is None or held.pid != os.getpid():
+            held = self._local.held = _Held(os.getpid(), self._open())
+        return held
+
     @contextmanager
     def _connect(self) -> Iterator[Tx]:
         if not self._ready:
             self._prepare()
-        con = sqlite3.connect(self.path, timeout=_BUSY_TIMEOUT_S)
-        con.row_factory = sqlite3.Row
+        held = self._held()
+        if held.busy:  # a transaction inside one of this thread's: a connection of its own
+            with closing(self._open()) as own, own:
+                yield _SqliteTx(own)
+            return
+        held.busy = True
         try:
-            with con:  # one transaction: committed on success, rolled back on error
-                yield _SqliteTx(con)
+            with held.con:  # one transaction: committed on success, rolled back on error
+                yield _SqliteTx(held.con)
         finally:
-            con.close()
+            held.busy = False
+
+    def close(self) -> None:
+        """Close the calling thread's kept connection (others close with their thread)."""
+        held: _Held | None = getattr(self._local, "held", None)
+        self._local.held = None
+        if held is not None and held.pid == os.getpid():
+            held.con.close()
+
+
+@dataclass
+class _Held:
+    """A thread's kept SQLite connection: the process that opened it, and whether a
+    transaction is open on it."""
+
+    pid: int
+    con: sqlite3.Connection
+    busy: bool = False
 
 
 def _add_dedupe_key(con: sqlite3.Connection) -> None:

@@ -62,14 +62,22 @@ Source = Callable[[], "View | ds.Dataset | pa.Table"]
 
 
 class _KeyIndex:
-    """The sorted values of one key column of one (immutable) data file, and the row
-    groups that hold them: a point lookup reads one row group, not the file."""
+    """The sorted 64-bit hashes of one key column of one (immutable) data file, and the
+    row groups that hold them: a point lookup reads one row group, not the file.
+
+    Hashes, not the keys: 12 bytes a row instead of the key's width + 8 (40 for a clip
+    id, 72 for an asset id), so that the indexes of a 10M-clip catalog fit the cache
+    (with whole keys they did not, and every lookup rebuilt them, issue 16); a hash
+    collision only adds a candidate row, which :meth:`CatalogViews.lookup` drops.
+    """
 
     def __init__(self, fragment: ds.ParquetFileFragment, column: str) -> None:
         values = fragment.to_table(columns=[column]).column(column).combine_chunks()
-        keys = _fixed_width_bytes(values)
-        self.order = np.argsort(keys, kind="stable").astype(np.int64)
-        self.keys = keys[self.order]
+        hashes = _key_hashes(values)
+        self.order = np.argsort(hashes, kind="stable").astype(
+            np.int32 if len(hashes) < 2**31 else np.int64
+        )
+        self.keys = hashes[self.order]
         meta = fragment.metadata
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         self.starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
@@ -78,12 +86,35 @@ class _KeyIndex:
     def nbytes(self) -> int:
         return int(self.keys.nbytes + self.order.nbytes)
 
-    def rows(self, wanted: NDArray[Any]) -> NDArray[np.int64]:
-        """File row numbers whose key is in ``wanted`` (sorted fixed-width bytes)."""
+    def rows(self, wanted: NDArray[np.uint64]) -> NDArray[np.int64]:
+        """File row numbers whose key hash is in ``wanted`` (sorted :func:`_key_hashes`):
+        the rows of those keys, and any row whose key collides with one."""
         lo = np.searchsorted(self.keys, wanted, side="left")
         hi = np.searchsorted(self.keys, wanted, side="right")
         hits = [self.order[a:b] for a, b in zip(lo.tolist(), hi.tolist(), strict=True) if b > a]
-        return np.sort(np.concatenate(hits)) if hits else np.zeros(0, np.int64)
+        return np.sort(np.concatenate(hits)).astype(np.int64) if hits else np.zeros(0, np.int64)
+
+
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _key_hashes(values: pa.Array) -> NDArray[np.uint64]:
+    """A 64-bit hash of each string of ``values`` (multiply-xorshift over its 8-byte
+    words, vectorised; a value's hash does not depend on the other values' widths)."""
+    keys = _fixed_width_bytes(values)
+    n, width = len(keys), keys.dtype.itemsize
+    words_per_row = (width + 7) // 8
+    raw = np.zeros((n, words_per_row * 8), np.uint8)
+    raw[:, :width] = keys.view(np.uint8).reshape(n, width)
+    words = raw.view("<u8")
+    used = (np.char.str_len(keys) + 7) // 8  # a shorter value's padding is not hashed
+    h = np.zeros(n, np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(words_per_row):
+            mixed = (h ^ words[:, j]) * _MIX
+            mixed ^= mixed >> np.uint64(29)
+            h = np.where(used > j, mixed, h)
+    return h
 
 
 def _fixed_width_bytes(values: pa.Array) -> NDArray[Any]:
@@ -220,7 +251,7 @@ class CatalogViews:
         data = self._raw(table, pin.get(table))
         if not isinstance(data, ds.FileSystemDataset):
             return data.to_table(filter=pc.field(column).isin(values))
-        wanted = np.sort(np.array(values, dtype="S"))
+        wanted = np.unique(_key_hashes(pa.array(values, pa.string())))
         parts = []
         for fragment in data.get_fragments():
             index = self._key_index(fragment, column)
@@ -234,7 +265,8 @@ class CatalogViews:
                 parts.append(part.take(pa.array(local)))
         if not parts:
             return data.schema.empty_table()
-        return pa.concat_tables(parts)
+        found = pa.concat_tables(parts)
+        return found.filter(pc.is_in(found[column], value_set=pa.array(values, pa.string())))
 
     def _key_index(self, fragment: ds.ParquetFileFragment, column: str) -> _KeyIndex:
         key = (fragment.path, column)
