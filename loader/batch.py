@@ -187,9 +187,10 @@ class BatchBuffer:
         self.pool = pool
         self.layout: dict[str, tuple[torch.dtype, tuple[int, ...]]] | None = None
         self.tensors: dict[str, torch.Tensor] = {}
-        #: The tensor names in file order, once a row's file was its header then these
-        #: tensors whole (loader.rowread reads the step's later rows in one preadv).
-        self.file_order: tuple[str, ...] | None = None
+        #: (header bytes, tensor names in file order) of a row whose file was that
+        #: header then those tensors whole: loader.rowread reads the step's later rows
+        #: in one preadv.
+        self.whole_rows: tuple[bytes, tuple[str, ...]] | None = None
         self._flat: dict[str, memoryview] = {}
         self._lock = threading.Lock()
 
