@@ -133,7 +133,7 @@ def _read_header_first(
     if any(layout[k][1] != specs[k].shape for k in order):
         order = []  # leading frames only: not the whole file
     if order:
-        buffer.whole_rows = (header, tuple(order))
+        buffer.whole_rows = (header, tuple(order), tuple(keys))
     return header, dest, order
 
 
@@ -148,21 +148,22 @@ def _read_as_the_step(
 ) -> _Got | None:
     """Read row ``i`` in one ``preadv`` when an earlier row of the step was a file of
     header then whole tensors (``buffer.whole_rows``): the header is what the file's
-    size leaves before the row's bytes. A header byte for byte that row's describes
-    the same tensors; another is checked to describe exactly that (same tensors,
-    dtypes, shapes, order, no gap). None when it does not or the read came up short:
-    the caller reads the row the ordinary way, over whatever this wrote into its slot."""
+    size leaves before the row's bytes. A header byte for byte that row's, with the
+    same tensor keys asked, describes the same tensors; another is checked to describe
+    exactly that (same tensors, dtypes, shapes, order, no gap). None when it does not
+    or the read came up short: the caller reads the row the ordinary way, over
+    whatever this wrote into its slot."""
     taught, layout = buffer.whole_rows, buffer.layout
     if taught is None or layout is None:
         return None
-    known, order = taught
+    known, order, asked = taught
     dest = buffer.row_bytes(i, layout)
     if dest is None:  # never: the batch's own layout fits it
         return None
     head = bytearray(size - sum(len(dest[k]) for k in order))
     if len(head) <= 8 or os.preadv(fd, [head, *(dest[k] for k in order)], 0) != size:
         return None
-    if head == known:
+    if head == known and asked == tuple(keys):
         return known, dest, list(order)
     if int.from_bytes(head[:8], "little") != len(head) - 8:
         return None
