@@ -161,3 +161,26 @@ def test_a_row_of_another_shape_but_the_same_size_still_fails_its_step(tmp_path:
     victim.write_bytes(data.replace(old, new, 1))  # same bytes, same size, another shape
     with pytest.raises(IntegrityError, match="rest of its bucket"):
         _latents(snap, tmp_path / "node", prefetch_threads=1, verify_hits=False)
+
+
+def test_a_known_header_read_in_one_go_still_honours_the_tensor_keys_asked(
+    tmp_path: Path,
+) -> None:
+    from safetensors.torch import save_file
+
+    from loader.batch import BatchBuffer
+    from loader.rowread import _read
+
+    paths = []
+    for i in range(2):  # two files of one header, byte for byte
+        path = tmp_path / f"{i}.safetensors"
+        save_file({"a": torch.full((2, 3), float(i)), "b": torch.zeros(4)}, str(path))
+        paths.append(str(path))
+    size = os.path.getsize(paths[0])
+    buffer = BatchBuffer(2, None)
+    assert _read(paths[0], size, "m0", [], None, buffer, 0, False)[0]  # all tensors
+    assert buffer.whole_rows is not None
+    # Asking only "a" is another layout than the batch's: a misfit, not a full row.
+    assert not _read(paths[1], size, "m1", ["a"], None, buffer, 1, False)[0]
+    assert _read(paths[1], size, "m1", [], None, buffer, 1, False)[0]
+    assert torch.equal(buffer.tensors["a"][1], torch.ones(2, 3))
