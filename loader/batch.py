@@ -187,6 +187,10 @@ class BatchBuffer:
         self.pool = pool
         self.layout: dict[str, tuple[torch.dtype, tuple[int, ...]]] | None = None
         self.tensors: dict[str, torch.Tensor] = {}
+        #: (header bytes, tensor names in file order, the tensor keys asked for) of a
+        #: row whose file was that header then those tensors whole: loader.rowread
+        #: reads the step's later rows in one preadv.
+        self.whole_rows: tuple[bytes, tuple[str, ...], tuple[str, ...]] | None = None
         self._flat: dict[str, memoryview] = {}
         self._lock = threading.Lock()
 

@@ -379,7 +379,9 @@ class NodeCache:
             gens = {
                 key: gen
                 for key, size, gen in db.execute(
-                    "UPDATE entries SET last_access = ? WHERE state = 'ready' AND sha256 IN"
+                    # "+state": look the keys up by primary key; on the (state, ...)
+                    # index the claim visited every ready entry of the node.
+                    "UPDATE entries SET last_access = ? WHERE +state = 'ready' AND sha256 IN"
                     " (SELECT value FROM json_each(?)) RETURNING sha256, size, gen",
                     (now, keys),
                 )

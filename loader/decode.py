@@ -45,6 +45,7 @@ __all__ = [
     "read_into",
     "read_member",
     "safetensors_header_fd",
+    "safetensors_header_specs",
     "safetensors_specs",
     "safetensors_specs_fd",
     "sniff_format",
@@ -269,10 +270,22 @@ def safetensors_header_fd(
     raw = head[8 : 8 + n] if 8 + n <= len(head) else os.pread(fd, n, 8)
     if len(raw) != n:
         raise IntegrityError(f"{what}: header of {n} bytes, file ends after {len(raw)}")
+    return safetensors_header_specs(raw, size, tensor_keys, what), head[:8] + raw
+
+
+def safetensors_header_specs(
+    raw: bytes, size: int, tensor_keys: list[str], what: str
+) -> dict[str, TensorSpec]:
+    """The :class:`TensorSpec` s of header JSON ``raw`` (the bytes after the length
+    prefix) of a file of ``size`` bytes; parsed once per distinct header (memoised).
+
+    Raises:
+        IntegrityError: as :func:`safetensors_specs`.
+    """
     memo_key = (raw, tuple(tensor_keys))
     specs = _SPECS_MEMO.get(memo_key)
     if specs is None:
-        specs = _parse_header(raw, n, tensor_keys, what)
+        specs = _parse_header(raw, len(raw), tensor_keys, what)
         with _SPECS_LOCK:
             _SPECS_MEMO[memo_key] = specs
             while len(_SPECS_MEMO) > _SPECS_MEMO_MAX:
@@ -280,7 +293,7 @@ def safetensors_header_fd(
     for name, spec in specs.items():
         if spec.end > size:
             raise IntegrityError(f"{what}: tensor {name!r} has an inconsistent byte range")
-    return specs, head[:8] + raw
+    return specs
 
 
 def whole_file_order(specs: dict[str, TensorSpec], header_bytes: int, size: int) -> list[str]:

@@ -9,6 +9,13 @@ of the file: each file is read once (docs/cache.md, "hashing what was read"). Wh
 row's bytes are not the whole file (a subset of tensors, leading frames only) the file
 is hashed as before. A failed hash drops the entry; the row is read again from a
 freshly downloaded, verified copy.
+
+Once one row of a step turned out to be its header followed by its tensors read
+whole, the step's later rows are read in **one** ``preadv`` (header and tensors into
+the batch row at once, the header's length being what the file's size leaves), and
+the header read is checked to describe exactly that; anything else (another header,
+a misfit, a short read) is read again the ordinary way. At kilobyte samples a read
+syscall is a fair part of what a row costs.
 """
 
 from __future__ import annotations
@@ -16,9 +23,16 @@ from __future__ import annotations
 import hashlib
 import os
 
+from catalog.errors import IntegrityError
 from loader.batch import BatchBuffer
 from loader.cache import Fetch
-from loader.decode import keep_frames, pread_frames_into, safetensors_header_fd, whole_file_order
+from loader.decode import (
+    keep_frames,
+    pread_frames_into,
+    safetensors_header_fd,
+    safetensors_header_specs,
+    whole_file_order,
+)
 from loader.leases import LeaseSet
 
 __all__ = ["read_safetensors_row"]
@@ -74,15 +88,14 @@ def _read(
 ) -> _Read:
     fd = os.open(path, os.O_RDONLY)
     try:
-        specs, header = safetensors_header_fd(fd, size, keys, f"safetensors latent {member}")
-        layout = {k: (s.dtype, keep_frames(s.shape, frames)) for k, s in specs.items()}
-        dest = buffer.row_bytes(i, layout)
-        if dest is None:
-            return False, None, None
-        for k, spec in specs.items():
-            pread_frames_into(fd, spec, layout[k][1], dest[k])
-        order = whole_file_order(specs, len(header), size) if digest else []
-        if not order or any(layout[k][1] != specs[k].shape for k in order):
+        what = f"safetensors latent {member}"
+        got = _read_as_the_step(fd, size, keys, frames, buffer, i, what)
+        if got is None:
+            got = _read_header_first(fd, size, keys, frames, buffer, i, what)
+            if got is None:
+                return False, None, None
+        header, dest, order = got
+        if not digest or not order:
             return True, None, None
         h = hashlib.sha256(header)
         for k in order:
@@ -90,3 +103,78 @@ def _read(
         return True, h.hexdigest(), os.fstat(fd)
     finally:
         os.close(fd)
+
+
+#: (the header's bytes as read, the row's bytes per tensor, the tensor names in file
+#: order when the header and those bytes are the whole file, else ``[]``)
+_Got = tuple[bytes, dict[str, memoryview], list[str]]
+
+
+def _read_header_first(
+    fd: int,
+    size: int,
+    keys: list[str],
+    frames: int | None,
+    buffer: BatchBuffer,
+    i: int,
+    what: str,
+) -> _Got | None:
+    """Read the header, then each tensor's bytes into row ``i``; None when the row's
+    layout is not the batch's. A row that is its header and its tensors read whole
+    teaches the step's later rows to do it in one read (:func:`_read_as_the_step`)."""
+    specs, header = safetensors_header_fd(fd, size, keys, what)
+    layout = {k: (s.dtype, keep_frames(s.shape, frames)) for k, s in specs.items()}
+    dest = buffer.row_bytes(i, layout)
+    if dest is None:
+        return None
+    for k, spec in specs.items():
+        pread_frames_into(fd, spec, layout[k][1], dest[k])
+    order = whole_file_order(specs, len(header), size)
+    if any(layout[k][1] != specs[k].shape for k in order):
+        order = []  # leading frames only: not the whole file
+    if order:
+        buffer.whole_rows = (header, tuple(order), tuple(keys))
+    return header, dest, order
+
+
+def _read_as_the_step(
+    fd: int,
+    size: int,
+    keys: list[str],
+    frames: int | None,
+    buffer: BatchBuffer,
+    i: int,
+    what: str,
+) -> _Got | None:
+    """Read row ``i`` in one ``preadv`` when an earlier row of the step was a file of
+    header then whole tensors (``buffer.whole_rows``): the header is what the file's
+    size leaves before the row's bytes. A header byte for byte that row's, with the
+    same tensor keys asked, describes the same tensors; another is checked to describe
+    exactly that (same tensors, dtypes, shapes, order, no gap). None when it does not
+    or the read came up short: the caller reads the row the ordinary way, over
+    whatever this wrote into its slot."""
+    taught, layout = buffer.whole_rows, buffer.layout
+    if taught is None or layout is None:
+        return None
+    known, order, asked = taught
+    dest = buffer.row_bytes(i, layout)
+    if dest is None:  # never: the batch's own layout fits it
+        return None
+    head = bytearray(size - sum(len(dest[k]) for k in order))
+    if len(head) <= 8 or os.preadv(fd, [head, *(dest[k] for k in order)], 0) != size:
+        return None
+    if head == known and asked == tuple(keys):
+        return known, dest, list(order)
+    if int.from_bytes(head[:8], "little") != len(head) - 8:
+        return None
+    try:
+        specs = safetensors_header_specs(bytes(head[8:]), size, keys, what)
+    except IntegrityError:
+        return None  # the ordinary path reads it again and raises with the details
+    header = bytes(head)
+    whole = {
+        k: (s.dtype, s.shape) for k, s in specs.items() if keep_frames(s.shape, frames) == s.shape
+    }
+    if whole != layout or whole_file_order(specs, len(header), size) != list(order):
+        return None
+    return header, dest, list(order)

@@ -115,3 +115,72 @@ def test_rows_that_are_not_the_whole_file_are_hashed_as_files(
     warm = _latents(snap, tmp_path / "node", verify_hits=True)
     assert len(hashes) == 16
     assert all(torch.equal(a, b) for a, b in zip(cold, warm, strict=True))
+
+
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every ``os.pread`` / ``os.preadv`` (the loader's reads of cached files)."""
+    seen: list[str] = []
+    for name in ("pread", "preadv"):
+        real = getattr(os, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            seen.append(_name)
+            return _real(*args)
+
+        monkeypatch.setattr(os, name, counted)
+    return seen
+
+
+def test_a_warm_row_is_one_read_once_a_row_of_its_step_showed_the_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = _snapshot(tmp_path)  # 2 steps of 8 rows, one thread
+    cold = _latents(snap, tmp_path / "node", prefetch_threads=1)
+    for verify in (False, True):
+        forget_verified()
+        reads = _count_reads(monkeypatch)
+        warm = _latents(snap, tmp_path / "node", prefetch_threads=1, verify_hits=verify)
+        monkeypatch.undo()
+        # Per step: the first row reads its header, then its tensor (2); each other row
+        # is one preadv of header and tensor (it was 2 a row: 32).
+        assert len(reads) == 2 * (2 + 7), reads
+        assert all(torch.equal(a, b) for a, b in zip(cold, warm, strict=True))
+    assert _stats(tmp_path / "node")["corrupt_refetches"] == 0
+
+
+def test_a_row_of_another_shape_but_the_same_size_still_fails_its_step(tmp_path: Path) -> None:
+    from catalog.errors import IntegrityError
+
+    snap = _snapshot(tmp_path)
+    _latents(snap, tmp_path / "node", prefetch_threads=1)
+    victim = _objects(tmp_path / "node")[3]
+    data = victim.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    old = next(s for s in (b"[4,9,8,8]", b"[4, 9, 8, 8]") if s in data[8 : 8 + n])
+    new = old.replace(b"4", b"@").replace(b"8", b"4", 1).replace(b"@", b"8")  # (8, 9, 4, 8)
+    victim.write_bytes(data.replace(old, new, 1))  # same bytes, same size, another shape
+    with pytest.raises(IntegrityError, match="rest of its bucket"):
+        _latents(snap, tmp_path / "node", prefetch_threads=1, verify_hits=False)
+
+
+def test_a_known_header_read_in_one_go_still_honours_the_tensor_keys_asked(
+    tmp_path: Path,
+) -> None:
+    from safetensors.torch import save_file
+
+    from loader.batch import BatchBuffer
+    from loader.rowread import _read
+
+    paths = []
+    for i in range(2):  # two files of one header, byte for byte
+        path = tmp_path / f"{i}.safetensors"
+        save_file({"a": torch.full((2, 3), float(i)), "b": torch.zeros(4)}, str(path))
+        paths.append(str(path))
+    size = os.path.getsize(paths[0])
+    buffer = BatchBuffer(2, None)
+    assert _read(paths[0], size, "m0", [], None, buffer, 0, False)[0]  # all tensors
+    assert buffer.whole_rows is not None
+    # Asking only "a" is another layout than the batch's: a misfit, not a full row.
+    assert not _read(paths[1], size, "m1", ["a"], None, buffer, 1, False)[0]
+    assert _read(paths[1], size, "m1", [], None, buffer, 1, False)[0]
+    assert torch.equal(buffer.tensors["a"][1], torch.ones(2, 3))
