@@ -450,8 +450,9 @@ class KeyStore:
             conn = self._db()
             for group in (p for g in packed_digests(keys) for p in g.parts()):
                 known = self._recent.known(view, group)
-                if (pending := self._pending.get(view)) is not None:
-                    known |= pending.known(group)
+                if (pending := self._pending.get(view)) is not None and not known.all():
+                    miss = np.flatnonzero(~known)
+                    known[miss] = pending.known(group.take(miss))
                 out[group.rows[known]] = True
                 if known.all():
                     continue

@@ -97,13 +97,16 @@ class _Run:
     def known(self, head: NDArray[np.uint64], keys: NDArray[np.uint8]) -> NDArray[np.bool_]:
         """Which of ``keys`` are in this run: each digest whose head it shares is
         compared whole (exact, unlike a first-match search)."""
-        lo = np.searchsorted(self.head, head, side="left")
-        hi = np.searchsorted(self.head, head, side="right")
         out = np.zeros(len(head), dtype=np.bool_)
-        at, span = lo.copy(), hi - lo
-        for step in range(int(span.max(initial=0))):
-            ask = np.flatnonzero(~out & (span > step))
-            out[ask] = (self.keys[at[ask] + step] == keys[ask]).all(axis=1)
+        at = np.searchsorted(self.head, head)
+        ask = np.flatnonzero(at < len(self.head))
+        while len(ask):  # a step past each candidate while the head still matches
+            ask = ask[self.head[at[ask]] == head[ask]]
+            hit = (self.keys[at[ask]] == keys[ask]).all(axis=1)
+            out[ask[hit]] = True
+            ask = ask[~hit]
+            at[ask] += 1
+            ask = ask[at[ask] < len(self.head)]
         return out
 
 
