@@ -20,6 +20,13 @@ share the file: syncs are serialised by SQLite's write lock and re-check ``meta`
 inside it. A plan made against a view newer than the table it commits to loses its
 commit race and is re-planned (:mod:`catalog.commit`), so answers stay exact.
 
+A writer's own ``clips`` and ``latents`` keys are not inserted commit by commit: they
+are held in memory (:mod:`catalog.key_index_pending`, at most 2^20 a view) and written
+as one sorted batch when enough have gathered, when another writer's commit breaks the
+chain of ours, and at :meth:`KeyStore.close`; the index plus them is the view at our
+last commit, and they are dropped, not written, once another writer's sync moved the
+index on (it read our appended files itself).
+
 Look-ups and inserts take a whole batch in one statement: the digests go in as one
 packed blob (:class:`~catalog.key_index_rows.Packed`) that a recursive CTE reads key by
 key, so there is no Python object, parameter or statement text per key. Keys our own

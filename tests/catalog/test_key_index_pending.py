@@ -154,3 +154,19 @@ def test_pending_keys_of_both_widths(width: int) -> None:
     other = Packed(32 - width, bytes(32 - width), np.arange(1))
     assert not pending.known(other).any()
     assert pending.known(Packed(width, keys.tobytes(), np.arange(50))).all()
+
+
+def test_a_purge_forgets_pending_keys_too(tmp_path: Path) -> None:
+    """An erasure purges the index file: keys held back before it are never written
+    after it (the erased clip's id must not reappear in the file at close)."""
+    config = CatalogConfig.embedded(tmp_path / "lake", eval_fraction=0.0)
+    with VidlakeCatalog.open(config) as cat:
+        cat.add_assets([asset(i) for i in range(2)])
+        cat.add_clips([clip(i, 0) for i in range(2)])
+        key = bytes.fromhex(_clip_ids(cat)[0].as_py())
+        cat.purge_key_index()
+    path = index_path(config)
+    held = b"".join(
+        Path(f"{path}{s}").read_bytes() for s in ("", "-wal") if Path(f"{path}{s}").exists()
+    )
+    assert key not in held
