@@ -29,7 +29,8 @@ from catalog.key_index_rows import Packed
 
 __all__ = ["FLUSH_KEYS", "Pending", "PendingKeys"]
 
-#: Keys pending per view before they are written (16-20 MB of digests).
+#: Keys pending per view before they are written (24-28 MB: each digest and its
+#: 8-byte sort key).
 FLUSH_KEYS = 1 << 20
 
 
