@@ -73,12 +73,11 @@ class Pending:
         return out
 
     def packed(self) -> list[Packed]:
-        """The held digests, one sorted group per width (for the index's insert)."""
+        """The held digests, one group per width (the index's insert sorts them)."""
         out = []
         for width, runs in self.runs.items():
-            keys = np.concatenate([r.keys for r in runs])
-            group = Packed(width, keys.tobytes(), np.arange(len(keys), dtype=np.int64))
-            out.append(group.sorted())
+            keys = np.concatenate([r.keys for r in runs]) if len(runs) > 1 else runs[0].keys
+            out.append(Packed(width, keys.tobytes(), np.arange(len(keys), dtype=np.int64)))
         return out
 
 
