@@ -41,6 +41,7 @@ __all__ = [
     "Packed",
     "Writes",
     "digests",
+    "insert_keys",
     "packed_digests",
     "rows_for",
     "view_keys",
@@ -208,7 +209,7 @@ def rows_for(
     """The index rows of ``rows`` (a table's key columns) for ``view``; ``keys``:
     their :func:`packed_digests` when the caller has them (clips, latents)."""
     if view in ("clips", "latents"):
-        return _insert_keys(view, packed_digests(view_keys(view, rows)) if keys is None else keys)
+        return insert_keys(view, packed_digests(view_keys(view, rows)) if keys is None else keys)
     if view == "near_dup_events":
         links = rows.filter(pc.equal(rows["event"], "near_duplicate"))
         pairs = _pairs(links["asset_id"].to_pylist(), links["related_asset_id"].to_pylist())
@@ -216,7 +217,7 @@ def rows_for(
     return _asset_rows(rows, rule)
 
 
-def _insert_keys(table: str, keys: list[Packed]) -> Writes:
+def insert_keys(table: str, keys: list[Packed]) -> Writes:
     """One-column rows of key digests, one statement per digest width, in key order."""
     insert = f"{SERIES}INSERT OR IGNORE INTO {table} SELECT substr(?1, i * ?3 + 1, ?3) FROM s"
     return [(insert, part) for group in keys for part in group.sorted().parts()]

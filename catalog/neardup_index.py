@@ -15,7 +15,7 @@ on its stored frames, so the answer stays exact. A batch is probed in one statem
 over one packed blob of codes (:data:`catalog.key_index_rows.SERIES`) and inserted in
 one more, with no Python object per key; the answer is the few (batch row, id) pairs
 that share a key, which the pair keys keep near zero for unrelated assets however
-many the catalog holds (docs/decisions/034-neardup-pair-keys.md).
+many the catalog holds (docs/decisions/037-pair-keys.md).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ match needs ``min_frames`` of the first ``window`` positions, so at most
   shares a (position, band) key.
 
 Either way the search is exact: it finds every pair the rule accepts
-(docs/decisions/034-neardup-pair-keys.md).
+(docs/decisions/037-pair-keys.md).
 """
 
 from __future__ import annotations
