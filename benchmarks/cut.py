@@ -264,15 +264,16 @@ def _open_or_build(root: Path, n_clips: int) -> tuple[VidlakeCatalog, float]:
 
 
 def _stage_clock(stages: dict[str, float]) -> Callable[[str, float], None]:
-    """A cut ``progress`` callback that adds each stage's wall time to ``stages``."""
-    last: list[Any] = [time.perf_counter(), ""]
+    """A cut ``progress`` callback that adds each stage's wall time to ``stages``
+    (stages may overlap: the plan and lineage run beside the index and manifest)."""
+    started: dict[str, float] = {}
 
     def progress(stage: str, fraction: float) -> None:
         now = time.perf_counter()
         if fraction == 0.0:
-            last[0], last[1] = now, stage
-        elif fraction >= 1.0 and stage == last[1]:
-            stages[stage] = stages.get(stage, 0.0) + now - float(last[0])
+            started[stage] = now
+        elif fraction >= 1.0 and stage in started:
+            stages[stage] = stages.get(stage, 0.0) + now - started.pop(stage)
 
     return progress
 
@@ -289,6 +290,10 @@ def main() -> None:
         type=Path,
         help="keep the built catalog in this directory and reuse it on the next run",
     )
+    parser.add_argument(
+        "--executor",
+        help="run the selection and the plan on this executor (local:N; default: in process)",
+    )
     parser.add_argument("--build-only", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--cprofile", type=Path, help="write a cProfile of the cut here")
     args = parser.parse_args()
@@ -296,6 +301,8 @@ def main() -> None:
         build_catalog(args.build_only / "lake", args.clips)
         return
     from materializer.cut import build_artifacts
+    from materializer.executors import open_executor
+    from materializer.select import Execution
 
     with tempfile.TemporaryDirectory(prefix="vidlake-bench-cut-") as tmp:
         root = args.catalog or Path(tmp)
@@ -306,11 +313,16 @@ def main() -> None:
         out = Path(tmp) / "cut"
         out.mkdir()
         recipe = load_recipe(_recipe(args.plan_rows, args.batch))
+        execution = None
+        if args.executor:
+            execution = Execution(open_executor(args.executor))
         profiler = cProfile.Profile() if args.cprofile else None
         t0 = time.perf_counter()
         if profiler is not None:
             profiler.enable()
-        _, snap = build_artifacts(catalog, recipe, out, progress=_stage_clock(stages))
+        _, snap = build_artifacts(
+            catalog, recipe, out, progress=_stage_clock(stages), execution=execution
+        )
         cut_s = time.perf_counter() - t0
         if profiler is not None:
             profiler.disable()
@@ -331,6 +343,7 @@ def main() -> None:
                 "stages_s": {k: round(v, 3) for k, v in stages.items()},
                 "build_catalog_s": round(build_s, 1),
                 "peak_rss_mb": round(peak),
+                "executor": args.executor or "in-process",
             }
         )
     )

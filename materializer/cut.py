@@ -1,8 +1,13 @@
 """Cutting a snapshot: recipe + pinned catalog state + seed → registered version N.
 
-Stages (each reported through ``progress(stage, fraction)``): ``pin``, ``scan``,
-``join``, ``embeddings`` (in :func:`materializer.select.select`), ``scatter``,
-``plan``, ``quality``, ``index``, ``manifest``, ``lineage``, ``publish``.
+Stages (each reported through ``progress(stage, fraction)``, always from the calling
+thread): ``pin``, ``scan``, ``join``, ``embeddings`` (in
+:func:`materializer.select.select`), ``scatter``, ``plan``, ``index``, ``manifest``,
+``lineage``, ``quality``, ``publish``. The plan and then its lineage are written on a
+side thread while the index, the manifest and the quality report are written here, so
+``plan`` and ``lineage`` overlap the others; with a local process pool and a plan of
+at least :data:`PARALLEL_PLAN_ROWS` rows the plan is generated per step range on the
+pool (:mod:`materializer.plan.parallel`). The bytes are the same either way.
 
 The ``pin`` stage resolves the pin (Iceberg snapshot ids and the LanceDB version of
 every embedding model the recipe reads) and checks the recipe against the catalog
@@ -48,6 +53,8 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +70,7 @@ from manifests.inputs import INPUTS_KEY, cut_inputs_sha256
 from manifests.ipc import write_table
 from manifests.tags import tag_published
 from materializer.coverage import check_min_coverage
+from materializer.executors import Executor, LocalExecutor
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
 from materializer.plan.lineage import write_lineage
 from materializer.quality import cut_quality, quality_summary
@@ -209,41 +217,108 @@ def build_artifacts(
     if selection.samples.num_rows == 0:
         raise nothing_selected(recipe, selection)
     check_pools(recipe, selection.samples)
-    samples, summary, plan_path = plan_samples(recipe, selection.samples, out, progress=report)
-    # The plan quality report (materializer/quality.py); a recipe threshold fails here.
-    report("quality", 0.0)
-    quality_path, quality = cut_quality(recipe, plan_path, samples, out)
-    report("quality", 1.0)
-
-    report("index", 0.0)
-    index_path = out / "index.arrow"
-    write_table(index_path, _index_table(recipe, samples))
-    report("index", 1.0)
-
-    report("manifest", 0.0)
-    manifest_path = out / "manifest.parquet"
-    _write_parquet(manifest_path, _manifest_table(recipe, samples))
-    report("manifest", 1.0)
-
-    report("lineage", 0.0)
-    lineage_path = out / LINEAGE_NAME
-    spill = out / "lineage-spill"
-    write_lineage(lineage_path, plan_path, samples.num_rows, summary.plan_rows, spill)
-    spill.rmdir()
-    report("lineage", 1.0)
-
+    report("scatter", 0.0)
+    samples = _scatter(selection.samples, recipe.seed)
+    report("scatter", 1.0)
+    written = _write_artifacts(recipe, samples, out, report, _plan_workers(execution))
+    summary, quality = written.summary, written.quality
     snapshot = snapshot_doc(recipe, pin, selection, samples, summary)
     snapshot.update(embedding_facts(recipe, pin, selection))
     record_repeats(snapshot, summary)
     snapshot["quality"] = quality_summary(quality)
-    artifacts = {
+    return written.paths, snapshot
+
+
+@dataclass(frozen=True)
+class _Written:
+    paths: dict[str, Path]
+    summary: PlanSummary
+    quality: dict[str, Any]
+
+
+#: Plans below this many rows are generated in one process even when the cut has an
+#: executor: starting worker processes costs more than the plan.
+PARALLEL_PLAN_ROWS = 8_000_000
+
+
+def _plan_workers(execution: Execution | None) -> tuple[Executor | None, int]:
+    """The executor and worker count the plan may use: the cut's local process pool
+    (range tasks spill to this machine's disk, which Ray workers elsewhere cannot
+    write), else none."""
+    if execution is None or not isinstance(execution.executor, LocalExecutor):
+        return None, 1
+    workers = execution.executor.processes or os.cpu_count() or 1
+    return (execution.executor, workers) if workers > 1 else (None, 1)
+
+
+def _write_artifacts(
+    recipe: Recipe,
+    samples: pa.Table,
+    out: Path,
+    report: Progress,
+    plan_on: tuple[Executor | None, int],
+) -> _Written:
+    """The ``plan``, ``index``, ``manifest``, ``quality`` and ``lineage`` stages.
+
+    The plan and then its lineage are written on a side thread while this one writes
+    the index and the manifest (neither reads the plan), then the quality report (which
+    reads it) while lineage runs: the stages are numpy and Arrow work that releases
+    the GIL, so on two cores they overlap. Progress is reported from this thread only.
+    """
+    report("plan", 0.0)
+    plan_path, lineage_path = out / "plan.arrow", out / LINEAGE_NAME
+    specs = _phase_specs(recipe, samples)
+    executor, workers = plan_on
+    if sum(_max_plan_rows(recipe)) < PARALLEL_PLAN_ROWS:
+        executor, workers = None, 1
+
+    def lineage() -> None:
+        spill = out / "lineage-spill"
+        rows = planned.result().plan_rows
+        write_lineage(lineage_path, plan_path, samples.num_rows, rows, spill)
+        spill.rmdir()
+
+    with ThreadPoolExecutor(1, thread_name_prefix="vidlake-plan") as side:
+        planned = side.submit(_write_plan, plan_path, recipe, specs, executor, workers)
+        lined = side.submit(lineage)
+        try:
+            report("index", 0.0)
+            index_path = out / "index.arrow"
+            write_table(index_path, _index_table(recipe, samples))
+            report("index", 1.0)
+            report("manifest", 0.0)
+            manifest_path = out / "manifest.parquet"
+            _write_parquet(manifest_path, _manifest_table(recipe, samples))
+            report("manifest", 1.0)
+            summary = planned.result()
+            report("plan", 1.0)
+            report("lineage", 0.0)
+            # The plan quality report (materializer/quality.py); a recipe threshold fails here.
+            report("quality", 0.0)
+            quality_path, quality = cut_quality(recipe, plan_path, samples, out)
+            report("quality", 1.0)
+            lined.result()
+            report("lineage", 1.0)
+        except BaseException:
+            lined.cancel()
+            raise
+    paths = {
         QUALITY_NAME: quality_path,
         "manifest.parquet": manifest_path,
         "plan.arrow": plan_path,
         "index.arrow": index_path,
         LINEAGE_NAME: lineage_path,
     }
-    return artifacts, snapshot
+    return _Written(paths, summary, quality)
+
+
+def _max_plan_rows(recipe: Recipe) -> list[int]:
+    """Per ``steps`` phase, its most plan rows (token-budget phases count 0)."""
+    return [
+        p.steps * max([p.global_batch.default, *p.global_batch.overrides.values()])
+        for p in recipe.phases
+        if p.steps is not None
+    ]
 
 
 def plan_samples(
@@ -351,11 +426,25 @@ def _phase_specs(recipe: Recipe, samples: pa.Table) -> list[PhaseSpec]:
     return specs
 
 
-def _write_plan(path: Path, recipe: Recipe, phases: list[PhaseSpec]) -> PlanSummary:
-    """``plan.arrow``; a pool too small for its per-step quota is named as the recipe
-    names it (the plan knows streams and buckets by number)."""
+def _write_plan(
+    path: Path,
+    recipe: Recipe,
+    phases: list[PhaseSpec],
+    executor: Executor | None = None,
+    workers: int = 1,
+) -> PlanSummary:
+    """``plan.arrow`` (on ``executor`` in ``workers`` step ranges when given: the same
+    bytes); a pool too small for its per-step quota is named as the recipe names it
+    (the plan knows streams and buckets by number)."""
     try:
-        return write_plan(path, phases, recipe.seed, num_streams=len(recipe.streams))
+        return write_plan(
+            path,
+            phases,
+            recipe.seed,
+            num_streams=len(recipe.streams),
+            executor=executor,
+            workers=workers,
+        )
     except InvalidRecipe as exc:
         if "pools" not in exc.details:
             raise
