@@ -403,8 +403,9 @@ def _phase_specs(recipe: Recipe, samples: pa.Table) -> list[PhaseSpec]:
     names = [s.name for s in recipe.streams]
     keys = recipe.buckets.bucket_keys()
     specs = []
+    columns = samples.select(["row", "stream", "bucket", "tokens"])  # not the whole view
     for i, phase in enumerate(recipe.phases):
-        part = samples.filter(phase_mask(recipe, i, samples))
+        part = columns.filter(phase_mask(recipe, i, samples))
         pool = Pool(
             row=part["row"].to_numpy(),
             stream=part["stream"].to_numpy(),
