@@ -341,6 +341,13 @@ def main() -> None:
                 "ratio": round(cut_s / floor_s, 3),
                 "plan_rows_per_s": round(snap["plan_rows"] / max(stages.get("plan", 1e-9), 1e-9)),
                 "stages_s": {k: round(v, 3) for k, v in stages.items()},
+                # Everything after the selection (scatter, plan, quality, index,
+                # manifest, lineage, snapshot.json): the stages the selection join,
+                # which the floor matches, does not explain.
+                "after_selection_s": round(
+                    cut_s - sum(stages.get(k, 0.0) for k in ("pin", "scan", "join", "embeddings")),
+                    3,
+                ),
                 "build_catalog_s": round(build_s, 1),
                 "peak_rss_mb": round(peak),
                 "executor": args.executor or "in-process",

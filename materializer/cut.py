@@ -217,11 +217,8 @@ def build_artifacts(
     if selection.samples.num_rows == 0:
         raise nothing_selected(recipe, selection)
     check_pools(recipe, selection.samples)
-    report("scatter", 0.0)
-    samples = _scatter(selection.samples, recipe.seed)
-    report("scatter", 1.0)
-    written = _write_artifacts(recipe, samples, out, report, _plan_workers(execution))
-    summary, quality = written.summary, written.quality
+    written = _write_artifacts(recipe, selection.samples, out, report, _plan_workers(execution))
+    samples, summary, quality = written.samples, written.summary, written.quality
     snapshot = snapshot_doc(recipe, pin, selection, samples, summary)
     snapshot.update(embedding_facts(recipe, pin, selection))
     record_repeats(snapshot, summary)
@@ -231,6 +228,7 @@ def build_artifacts(
 
 @dataclass(frozen=True)
 class _Written:
+    samples: pa.Table
     paths: dict[str, Path]
     summary: PlanSummary
     quality: dict[str, Any]
@@ -253,21 +251,25 @@ def _plan_workers(execution: Execution | None) -> tuple[Executor | None, int]:
 
 def _write_artifacts(
     recipe: Recipe,
-    samples: pa.Table,
+    selected: pa.Table,
     out: Path,
     report: Progress,
     plan_on: tuple[Executor | None, int],
 ) -> _Written:
-    """The ``plan``, ``index``, ``manifest``, ``quality`` and ``lineage`` stages.
+    """The ``scatter``, ``plan``, ``index``, ``manifest``, ``quality`` and ``lineage``
+    stages; the samples in manifest order with the rest.
 
-    The plan and then its lineage are written on a side thread while this one writes
-    the index and the manifest (neither reads the plan), then the quality report (which
-    reads it) while lineage runs: the stages are numpy and Arrow work that releases
-    the GIL, so on two cores they overlap. Progress is reported from this thread only.
+    The plan needs only the scattered ``row``, stream, bucket and tokens: it and then
+    its lineage are written on a side thread while this one scatters every column and
+    writes the index and the manifest (none reads the plan), then the quality report
+    (which reads it) while lineage runs: numpy and Arrow work that releases the GIL, so
+    on two cores the stages overlap. Progress is reported from this thread only.
     """
+    order = pa.array(scatter_order(selected.num_rows, recipe.seed))
     report("plan", 0.0)
     plan_path, lineage_path = out / "plan.arrow", out / LINEAGE_NAME
-    specs = _phase_specs(recipe, samples)
+    few = selected.select([c for c in _PLAN_COLUMNS if c in selected.column_names])
+    specs = _phase_specs(recipe, _with_rows(few.take(order)))
     executor, workers = plan_on
     if sum(_max_plan_rows(recipe)) < PARALLEL_PLAN_ROWS:
         executor, workers = None, 1
@@ -282,6 +284,9 @@ def _write_artifacts(
         planned = side.submit(_write_plan, plan_path, recipe, specs, executor, workers)
         lined = side.submit(lineage)
         try:
+            report("scatter", 0.0)
+            samples = _with_rows(selected.take(order))
+            report("scatter", 1.0)
             report("index", 0.0)
             index_path = out / "index.arrow"
             write_table(index_path, _index_table(recipe, samples))
@@ -309,7 +314,11 @@ def _write_artifacts(
         "index.arrow": index_path,
         LINEAGE_NAME: lineage_path,
     }
-    return _Written(paths, summary, quality)
+    return _Written(samples, paths, summary, quality)
+
+
+#: The sample view's columns that the plan's pools and phase masks read.
+_PLAN_COLUMNS = ["rung", "tier", "stream", "bucket", "tokens"]
 
 
 def _max_plan_rows(recipe: Recipe) -> list[int]:
@@ -394,9 +403,12 @@ def embedding_facts(recipe: Recipe, pin: Pin, selection: Selection) -> dict[str,
 def _scatter(samples: pa.Table, seed: int) -> pa.Table:
     """Manifest order: a seeded permutation of the canonical ``(rung, clip_id)`` order
     that selection returns, so it depends only on the selected set and the seed."""
-    order = scatter_order(samples.num_rows, seed)
-    out = samples.take(pa.array(order))
-    return out.add_column(0, "row", pa.array(np.arange(out.num_rows, dtype=np.int64)))
+    return _with_rows(samples.take(pa.array(scatter_order(samples.num_rows, seed))))
+
+
+def _with_rows(table: pa.Table) -> pa.Table:
+    """``table`` (in manifest order) with its ``row`` number as the first column."""
+    return table.add_column(0, "row", pa.array(np.arange(table.num_rows, dtype=np.int64)))
 
 
 def _phase_specs(recipe: Recipe, samples: pa.Table) -> list[PhaseSpec]:
