@@ -9,12 +9,17 @@ Two shapes of pool, 5 streams (50/20/20/8/2 %) over ``--buckets`` buckets:
   (its worst case).
 
 Prints one JSON line: per shape, plan_rows, best-of-``--repeat`` CPU seconds
-(phase setup, IPC write and SHA-256 included) and plan rows per second.
+(phase setup, IPC write and SHA-256 included) and plan rows per second. With
+``--workers N`` (N > 1) the ``large`` plan is also written per step range on a local
+pool of N processes (:mod:`materializer.plan.parallel`): ``parallel`` holds the best
+wall seconds of one process and of the pool (pool start-up included), their ratio
+``speedup``, and ``identical`` (the two files' bytes are equal).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import tempfile
@@ -68,6 +73,29 @@ def _time(spec: PhaseSpec, repeat: int) -> dict[str, Any]:
     }
 
 
+def _parallel(spec: PhaseSpec, workers: int, repeat: int) -> dict[str, Any]:
+    """Best wall seconds of a one-process and a ``workers``-process plan; same bytes?"""
+    from materializer.executors import LocalExecutor
+
+    walls: dict[str, float] = {"serial": float("inf"), "pool": float("inf")}
+    digests = {}
+    with tempfile.TemporaryDirectory(prefix="vidlake-bench-plan-") as tmp:
+        for _ in range(repeat):
+            for name, executor in (("serial", None), ("pool", LocalExecutor(workers))):
+                path = Path(tmp) / f"{name}.arrow"
+                start = time.perf_counter()
+                write_plan(path, [spec], seed=11, executor=executor, workers=workers)
+                walls[name] = min(walls[name], time.perf_counter() - start)
+                digests[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return {
+        "workers": workers,
+        "serial_wall_s": round(walls["serial"], 3),
+        "pool_wall_s": round(walls["pool"], 3),
+        "speedup": round(walls["serial"] / walls["pool"], 3),
+        "identical": digests["serial"] == digests["pool"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--candidates", type=int, default=200_000)
@@ -75,6 +103,7 @@ def main() -> None:
     parser.add_argument("--buckets", type=int, default=16)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=1, help="also time a pool of N")
     args = parser.parse_args()
     steps = max(1, args.plan_rows // args.batch)
     result = {
@@ -84,6 +113,9 @@ def main() -> None:
         "large": _time(_large(args.candidates, args.buckets, args.batch, steps), args.repeat),
         "small": _time(_small(args.buckets, args.batch, steps), args.repeat),
     }
+    if args.workers > 1:
+        spec = _large(args.candidates, args.buckets, args.batch, steps)
+        result["parallel"] = _parallel(spec, args.workers, args.repeat)
     print(json.dumps(result))
 
 

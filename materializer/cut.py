@@ -1,8 +1,10 @@
 """Cutting a snapshot: recipe + pinned catalog state + seed → registered version N.
 
-Stages (each reported through ``progress(stage, fraction)``): ``pin``, ``scan``,
-``join``, ``embeddings`` (in :func:`materializer.select.select`), ``scatter``,
-``plan``, ``quality``, ``index``, ``manifest``, ``lineage``, ``publish``.
+Stages (each reported through ``progress(stage, fraction)``, always from the calling
+thread): ``pin``, ``scan``, ``join``, ``embeddings`` (in
+:func:`materializer.select.select`), ``scatter``, ``plan``, ``index``, ``manifest``,
+``lineage``, ``quality``, ``publish``. ``plan`` and ``lineage`` run on a side thread
+beside the others (:mod:`materializer.cut_artifacts`); the bytes are the same.
 
 The ``pin`` stage resolves the pin (Iceberg snapshot ids and the LanceDB version of
 every embedding model the recipe reads) and checks the recipe against the catalog
@@ -36,9 +38,8 @@ The selection's join may run partitioned by ``clip_id`` on an executor (a local 
 pool or Ray: ``execution``, :mod:`materializer.partition`); the artifacts are the same
 for every executor and partition count, so neither is part of a cut's inputs key.
 
-Why this module is a little over 500 lines: the cut's stages (pin, selection, plan,
-artifacts, publication) are public so the dry run (:mod:`materializer.dry_run`) reuses
-them; each is short, and splitting them would scatter one pipeline.
+The artifact stages after selection (scatter, plan, index, manifest, quality,
+lineage) live in :mod:`materializer.cut_artifacts`.
 """
 
 from __future__ import annotations
@@ -55,19 +56,23 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from catalog.errors import InvalidInput, InvalidRecipe
-from manifests.format import FORMAT_VERSION, INDEX_SCHEMA, LINEAGE_NAME, QUALITY_NAME
+from manifests.format import FORMAT_VERSION
 from manifests.inputs import INPUTS_KEY, cut_inputs_sha256
-from manifests.ipc import write_table
 from manifests.tags import tag_published
 from materializer.coverage import check_min_coverage
-from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
-from materializer.plan.lineage import write_lineage
-from materializer.quality import cut_quality, quality_summary
+from materializer.cut_artifacts import (
+    phase_specs,
+    plan_workers,
+    with_rows,
+    write_artifacts,
+    write_named_plan,
+)
+from materializer.plan import PlanSummary, scatter_order
+from materializer.quality import quality_summary
 from materializer.recipe import Recipe, recipe_notes
-from materializer.select import Execution, Selection, check_pools, phase_mask, select
+from materializer.select import Execution, Selection, check_pools, select
 from materializer.validate import check_recipe, pin_centroids, resolve_pin
 
 if TYPE_CHECKING:
@@ -89,14 +94,6 @@ __all__ = [
 ]
 
 Progress = Callable[[str, float], None]
-
-_PARQUET_OPTIONS: dict[str, Any] = {
-    "compression": "zstd",
-    "compression_level": 3,
-    "row_group_size": 256 * 1024,
-    "use_dictionary": True,
-    "write_statistics": True,
-}
 
 
 def code_version() -> str:
@@ -209,41 +206,13 @@ def build_artifacts(
     if selection.samples.num_rows == 0:
         raise nothing_selected(recipe, selection)
     check_pools(recipe, selection.samples)
-    samples, summary, plan_path = plan_samples(recipe, selection.samples, out, progress=report)
-    # The plan quality report (materializer/quality.py); a recipe threshold fails here.
-    report("quality", 0.0)
-    quality_path, quality = cut_quality(recipe, plan_path, samples, out)
-    report("quality", 1.0)
-
-    report("index", 0.0)
-    index_path = out / "index.arrow"
-    write_table(index_path, _index_table(recipe, samples))
-    report("index", 1.0)
-
-    report("manifest", 0.0)
-    manifest_path = out / "manifest.parquet"
-    _write_parquet(manifest_path, _manifest_table(recipe, samples))
-    report("manifest", 1.0)
-
-    report("lineage", 0.0)
-    lineage_path = out / LINEAGE_NAME
-    spill = out / "lineage-spill"
-    write_lineage(lineage_path, plan_path, samples.num_rows, summary.plan_rows, spill)
-    spill.rmdir()
-    report("lineage", 1.0)
-
+    written = write_artifacts(recipe, selection.samples, out, report, plan_workers(execution))
+    samples, summary, quality = written.samples, written.summary, written.quality
     snapshot = snapshot_doc(recipe, pin, selection, samples, summary)
     snapshot.update(embedding_facts(recipe, pin, selection))
     record_repeats(snapshot, summary)
     snapshot["quality"] = quality_summary(quality)
-    artifacts = {
-        QUALITY_NAME: quality_path,
-        "manifest.parquet": manifest_path,
-        "plan.arrow": plan_path,
-        "index.arrow": index_path,
-        LINEAGE_NAME: lineage_path,
-    }
-    return artifacts, snapshot
+    return written.paths, snapshot
 
 
 def plan_samples(
@@ -257,7 +226,7 @@ def plan_samples(
     report("scatter", 1.0)
     report("plan", 0.0)
     plan_path = out / "plan.arrow"
-    summary = _write_plan(plan_path, recipe, _phase_specs(recipe, samples))
+    summary = write_named_plan(plan_path, recipe, phase_specs(recipe, samples))
     report("plan", 1.0)
     return samples, summary, plan_path
 
@@ -319,69 +288,7 @@ def embedding_facts(recipe: Recipe, pin: Pin, selection: Selection) -> dict[str,
 def _scatter(samples: pa.Table, seed: int) -> pa.Table:
     """Manifest order: a seeded permutation of the canonical ``(rung, clip_id)`` order
     that selection returns, so it depends only on the selected set and the seed."""
-    order = scatter_order(samples.num_rows, seed)
-    out = samples.take(pa.array(order))
-    return out.add_column(0, "row", pa.array(np.arange(out.num_rows, dtype=np.int64)))
-
-
-def _phase_specs(recipe: Recipe, samples: pa.Table) -> list[PhaseSpec]:
-    names = [s.name for s in recipe.streams]
-    keys = recipe.buckets.bucket_keys()
-    specs = []
-    for i, phase in enumerate(recipe.phases):
-        part = samples.filter(phase_mask(recipe, i, samples))
-        pool = Pool(
-            row=part["row"].to_numpy(),
-            stream=part["stream"].to_numpy(),
-            bucket=part["bucket"].to_numpy(),
-            tokens=part["tokens"].to_numpy(),
-        )
-        specs.append(
-            PhaseSpec(
-                index=i,
-                pool=pool,
-                global_batch={b: phase.global_batch.for_bucket(k) for b, k in enumerate(keys)},
-                stream_weights={names.index(n): w for n, w in phase.weights.items()},
-                num_steps=phase.steps,
-                token_budget=phase.token_budget,
-                rank_multiple=phase.rank_multiple,
-                allow_repeats_in_step=phase.allow_repeats_in_step,
-            )
-        )
-    return specs
-
-
-def _write_plan(path: Path, recipe: Recipe, phases: list[PhaseSpec]) -> PlanSummary:
-    """``plan.arrow``; a pool too small for its per-step quota is named as the recipe
-    names it (the plan knows streams and buckets by number)."""
-    try:
-        return write_plan(path, phases, recipe.seed, num_streams=len(recipe.streams))
-    except InvalidRecipe as exc:
-        if "pools" not in exc.details:
-            raise
-        i = exc.details["phase"]
-        phase, keys = recipe.phases[i], recipe.buckets.bucket_keys()
-        names = [s.name for s in recipe.streams]
-        pools = [
-            {**p, "stream": names[p["stream"]], "bucket": keys[p["bucket"]]}
-            for p in exc.details["pools"]
-        ]
-        first = pools[0]
-        more = f" (and {len(pools) - 1} more pools)" if len(pools) > 1 else ""
-        raise InvalidRecipe(
-            f"phases[{i}] ({phase.name}): stream {first['stream']!r} has {first['pool_size']} "
-            f"samples in bucket {first['bucket']} at rung {phase.rung} but a step of that "
-            f"bucket draws up to {first['quota']} of them{more}, so a step would hold a "
-            "sample twice; add samples, lower the stream's weight or the bucket's global "
-            "batch, or set allow_repeats_in_step: true on the phase",
-            path=f"phases[{i}].allow_repeats_in_step",
-            phase=phase.name,
-            stream=first["stream"],
-            bucket=first["bucket"],
-            pool_size=first["pool_size"],
-            quota=first["quota"],
-            pools=pools,
-        ) from exc
+    return with_rows(samples.take(pa.array(scatter_order(samples.num_rows, seed))))
 
 
 def record_repeats(snapshot: dict[str, Any], summary: PlanSummary) -> None:
@@ -389,62 +296,6 @@ def record_repeats(snapshot: dict[str, Any], summary: PlanSummary) -> None:
     snapshot["repeats_in_step"] = summary.repeats_in_step
     for doc, detail in zip(snapshot["phases"], summary.phases, strict=True):
         doc["repeats_in_step"] = detail.repeats_in_step
-
-
-def _index_table(recipe: Recipe, samples: pa.Table) -> pa.Table:
-    """The loader's columns. ``num_frames`` is the bucket's latent frame count: the
-    loader keeps that many leading frames (axis 1 of a ``(C, T, H, W)`` latent), so
-    every sample of a step has one shape."""
-    frames = np.repeat(
-        np.asarray(recipe.buckets.latent_frames, dtype=np.int32),
-        len(recipe.buckets.aspect_ratios),
-    )
-    no_strings = pa.scalar([], pa.list_(pa.string()))
-    captions = pc.fill_null(samples["captions"], no_strings)
-    embeddings = pc.fill_null(samples["text_embedding_sha256"], no_strings)
-    columns: dict[str, Any] = {
-        "row": samples["row"],
-        "clip_id": samples["clip_id"],
-        "asset_id": samples["asset_id"],
-        "stream": samples["stream"],
-        "bucket": samples["bucket"],
-        "num_frames": pa.array(frames[samples["bucket"].to_numpy()], pa.int32()),
-        "tokens": samples["tokens"],
-        "object_sha256": samples["object_sha256"],
-        "offset": samples["offset"],
-        "length": samples["length"],
-        "member_sha256": samples["member_sha256"],
-        "format": samples["format"],
-        "tensor_keys": _tensor_keys(recipe, samples),
-        "captions": captions,
-        "text_embedding_sha256": embeddings,
-    }
-    table = pa.table({k: columns[k] for k in INDEX_SCHEMA.names})
-    return table.cast(INDEX_SCHEMA).combine_chunks()
-
-
-def _tensor_keys(recipe: Recipe, samples: pa.Table) -> Any:
-    """The tensors the loader delivers per row: the recipe's ``tensor_keys`` (every row
-    holds them: select dropped the rest), else every tensor the latent holds."""
-    if recipe.tensor_keys is None:
-        return samples["tensor_keys"]
-    keys = list(recipe.tensor_keys)
-    return pa.array([keys] * samples.num_rows, pa.list_(pa.string()))
-
-
-def _manifest_table(recipe: Recipe, samples: pa.Table) -> pa.Table:
-    """Every column of the sample view, plus lineage refs: the score versions used."""
-    versions = json.dumps(recipe.score_versions(), sort_keys=True)
-    names = [s.name for s in recipe.streams]
-    stream_names = pc.take(pa.array(names, pa.string()), samples["stream"])
-    keys = recipe.buckets.bucket_keys()
-    bucket_keys = pc.take(pa.array(list(keys), pa.string()), samples["bucket"])
-    table = samples.append_column("stream_name", stream_names)
-    table = table.append_column("bucket_key", bucket_keys)
-    n = samples.num_rows
-    table = table.append_column("score_versions", pa.repeat(pa.scalar(versions), n))
-    table = table.append_column("caption_version", pa.repeat(pa.scalar(recipe.captions.version), n))
-    return table.combine_chunks()
 
 
 def snapshot_doc(
@@ -522,7 +373,3 @@ def _shares(samples: Any, tokens: Any, unit: str) -> list[tuple[Any, float]]:
     values = dict(tokens if unit == "tokens" else samples)
     total = sum(values.values()) or 1
     return [(k, v / total) for k, v in sorted(values.items())]
-
-
-def _write_parquet(path: Path, table: pa.Table) -> None:
-    pq.write_table(table, str(path), **_PARQUET_OPTIONS)

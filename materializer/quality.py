@@ -15,8 +15,9 @@ What is measured (the shape is ``quality.json`` in ``manifests/format.py``):
   99th percentile over windows of each window's worst stream; ``max_share_deviation``
   is the largest over phases. Per-step counts come from one ``bincount``; windows are
   differences of a cumulative sum.
-* **Repeats.** Samples whose row already appears in their step (one sort of
-  ``step * rows + row``): 0 unless a phase allows repeats.
+* **Repeats.** Samples whose row already appears in their step (each step's rows
+  sorted on their own, the steps of one size as one block): 0 unless a phase allows
+  repeats.
 * **Epochs.** Per (stream, bucket): manifest rows, plan draws, and draws / rows.
 * **Autocorrelation** of the categorical keys ``source``, ``asset_id`` and, when the
   manifest has one, ``cluster``, over the realized sample stream (steps in order,
@@ -277,13 +278,19 @@ def quality_report(
 
 
 def _repeats(plan: PlanArrays, steps: Ints) -> int:
-    """Samples whose row already appears earlier in their step."""
+    """Samples whose row already appears earlier in their step: the steps of each batch
+    size as one (steps, size) block, each row sorted on its own (a sort of ``size``
+    keys per step, not one sort of the whole plan: about half the time at 10M rows)."""
     if plan.rows.size == 0:
         return 0
-    span = np.int64(int(plan.rows.max()) + 1)
-    keys = steps * span + plan.rows
-    keys.sort()
-    return int(np.count_nonzero(keys[1:] == keys[:-1]))
+    sizes = np.diff(plan.offsets)
+    repeats = 0
+    for size in np.unique(sizes[sizes > 1]).tolist():
+        starts = plan.offsets[:-1][sizes == size]
+        block = plan.rows[starts[:, None] + np.arange(size)]
+        block.sort(axis=1)
+        repeats += int(np.count_nonzero(block[:, 1:] == block[:, :-1]))
+    return repeats
 
 
 def _shares(

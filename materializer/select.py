@@ -397,7 +397,7 @@ def check_pools(recipe: Recipe, samples: pa.Table) -> None:
     names = [s.name for s in recipe.streams]
     for i, phase in enumerate(recipe.phases):
         mask = phase_mask(recipe, i, samples, weighted_only=False)
-        present = set(pc.unique(samples.filter(mask)["stream"]).to_pylist())
+        present = set(pc.unique(pc.filter(samples["stream"], mask)).to_pylist())
         missing = [n for n in phase.weights if names.index(n) not in present]
         if missing:
             raise InvalidInput(

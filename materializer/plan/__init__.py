@@ -24,9 +24,10 @@ coordinates)), so the output does not depend on how steps are chunked, and every
 key is unique. The other modules: :mod:`.spec` (the inputs), :mod:`.scatter` (the
 write-time order of manifest rows), :mod:`.summary` (what a plan realized) and
 :mod:`.write` (``plan.arrow`` on disk), :mod:`.lineage` (``lineage.arrow`` from a
-written plan, by an external sort). Each module imports only those listed before it in
-this docstring's dependency order: rng, spec, lineage < scatter, buckets, quotas <
-layout < draw < steps < summary < write.
+written plan, by an external sort), :mod:`.parallel` (generation per step range on an
+executor, the same bytes). Each module imports only those listed before it in this
+docstring's dependency order: rng, spec, lineage < scatter, buckets, quotas < layout <
+draw < steps < summary, parallel < write.
 """
 
 from materializer.plan.buckets import bucket_schedule

@@ -183,6 +183,27 @@ class PoolWalk:
         keys += self.base
         return np.argsort(mix(keys), axis=1)
 
+    def replay_from(self, cumulative: Int64s, quota: int) -> None:
+        """Put a fresh walk where steps drawing ``diff(cumulative)`` leave it, as if
+        :meth:`draw` had drawn them (``cumulative[0] == 0``; ``quota`` bounds any
+        step's count).
+
+        Only the last few steps are drawn again, from the latest step start ``s`` at
+        which a freshly generated epoch is already as drawn: an epoch start (no
+        boundary to defer), or at least ``quota`` positions into the epoch, past the
+        prefix its own boundary reordered (that prefix is shorter than the boundary
+        step's count). From ``s`` on, :meth:`draw` regenerates what it needs.
+        """
+        pos = np.asarray(cumulative, dtype=np.int64)
+        off = pos % self.n
+        ok = (off == 0) | (off >= quota)
+        ok[0] = True
+        start = int(np.flatnonzero(ok)[-1])
+        self.drawn, self._cached = int(pos[start]), -1
+        counts = np.diff(pos[start:])
+        if int(counts.sum()):
+            self.draw(counts)
+
     def draw(self, counts: Int64s) -> tuple[Int64s, Int64s]:
         """The rows (and their tokens) of consecutive steps drawing ``counts[i]`` each."""
         n, start = self.n, self.drawn

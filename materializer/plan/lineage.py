@@ -86,10 +86,21 @@ def _spill(plan_path: Path, files: list[Path], per_range: int) -> int:
     return span
 
 
+#: Up to this many ranges a batch's pairs are split by one mask per range (linear);
+#: beyond, by one stable sort of the range numbers.
+_MASKED_RANGES = 8
+
+
 def _append(
     sinks: list[BinaryIO], rows: NDArray[np.int64], steps: NDArray[np.int64], per: int
 ) -> None:
     which = rows // per
+    if len(sinks) <= _MASKED_RANGES:
+        for r, sink in enumerate(sinks):
+            mask = which == r
+            if mask.any():
+                np.stack([rows[mask], steps[mask]], axis=1).tofile(sink)
+        return
     order = np.argsort(which, kind="stable")
     pairs = np.stack([rows[order], steps[order]], axis=1)
     cuts = np.searchsorted(which[order], np.arange(len(sinks) + 1))

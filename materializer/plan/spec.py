@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -75,6 +75,10 @@ class Pool:
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError("Pool is immutable")
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as its arrays (a parallel plan sends pools to its workers)."""
+        return Pool, (self.row, self.stream, self.bucket, self.tokens)
 
     def __len__(self) -> int:
         return int(self.row.size)
@@ -168,6 +172,21 @@ class PhaseSpec:
     def unit(self) -> Literal["samples", "tokens"]:
         """What the stream weights are shares of."""
         return "tokens" if self.token_budget is not None else "samples"
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as checked (a worker of a parallel plan gets these exact weights:
+        normalising them again could move their last bits, and with them the plan)."""
+        return _restore_spec, tuple(
+            dict(v) if isinstance(v, MappingProxyType) else v
+            for v in (getattr(self, f.name) for f in fields(self))
+        )
+
+
+def _restore_spec(*values: Any) -> PhaseSpec:
+    spec = object.__new__(PhaseSpec)
+    for f, v in zip(fields(PhaseSpec), values, strict=True):
+        object.__setattr__(spec, f.name, MappingProxyType(v) if isinstance(v, dict) else v)
+    return spec
 
 
 def _is_int(value: object) -> bool:

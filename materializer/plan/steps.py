@@ -31,8 +31,10 @@ __all__ = [
     "DEFAULT_BATCH_STEPS",
     "StepChunk",
     "check_batching",
+    "chunk_steps",
     "generate_steps",
     "iter_chunks",
+    "phase_chunks",
     "phase_models",
 ]
 
@@ -131,6 +133,27 @@ class _PhaseRun:
         self.step_base = np.uint64(derive(seed, TAG_STEP, self.phase))
         self.batches = np.array([bm.batch for bm in model.buckets], dtype=np.int64)
         self.allow_repeats = model.spec.allow_repeats_in_step
+
+    def seek(self, steps: int) -> None:
+        """Skip the phase's first ``steps`` steps without generating them: the state
+        :meth:`chunk` would leave after them (how a step range is generated on its own).
+
+        The bucket schedule is replayed (two heap operations a step); each pool's walk
+        is put where the skipped steps leave it (cumulative quotas are a closed form of
+        the bucket's step count) and replays only its last few steps, from one whose
+        epoch is as generated from there on (:meth:`PoolWalk.replay_from`).
+        """
+        positions = self.schedule.take(steps)
+        done = np.bincount(positions, minlength=len(self.model.buckets))
+        for bi, bm in enumerate(self.model.buckets):
+            j = int(done[bi])
+            self.bucket_steps[bi] = j
+            if not j:
+                continue
+            cum = bm.apportioner.cumulative(np.arange(j + 1, dtype=np.int64) * bm.batch)
+            for si, (k, walk) in enumerate(zip(bm.streams, self.walks[bi], strict=True)):
+                walk.replay_from(cum[:, si], self.model.quota[(k, bm.bucket)])
+        self.next_step += steps
 
     def chunk(self, m: int) -> StepChunk:
         """The next ``m`` steps of the phase."""
@@ -250,24 +273,53 @@ def iter_chunks(
     """The chunks of checked ``models`` (:func:`generate_steps` without the checks)."""
     first = 0
     for model in models:
-        run = _PhaseRun(model, seed, first, num_streams)
-        spec = model.spec
-        per_chunk = min(batch_steps, max(1, batch_rows // model.max_batch))
-        done = tokens = 0
-        while True:
-            m = per_chunk if spec.num_steps is None else min(per_chunk, spec.num_steps - done)
-            chunk = run.chunk(m)
-            if spec.token_budget is not None:
-                # The phase ends with the first step whose cumulative tokens reach the budget.
-                reached = np.cumsum(chunk.stream_tokens.sum(axis=1)) + tokens >= spec.token_budget
-                if reached.any():
-                    chunk = chunk.head(int(np.argmax(reached)) + 1)
-                tokens += int(chunk.stream_tokens.sum())
-            done += chunk.num_steps
+        for chunk in phase_chunks(model, seed, num_streams, first, batch_rows, batch_steps):
             yield chunk
-            if done >= (spec.num_steps or 0) and tokens >= (spec.token_budget or 0):
-                break
-        first += done
+            first = chunk.first_step + chunk.num_steps
+
+
+def chunk_steps(model: PhaseModel, batch_rows: int, batch_steps: int) -> int:
+    """Steps per chunk of a phase (its last chunk may be shorter)."""
+    return min(batch_steps, max(1, batch_rows // model.max_batch))
+
+
+def phase_chunks(
+    model: PhaseModel,
+    seed: int,
+    num_streams: int,
+    first_step: int,
+    batch_rows: int,
+    batch_steps: int,
+    *,
+    skip: int = 0,
+    count: int | None = None,
+) -> Iterator[StepChunk]:
+    """The chunks of one phase that starts at global step ``first_step``: all of them,
+    or (a ``num_steps`` phase) the ``count`` steps after the first ``skip``, which
+    must be a multiple of :func:`chunk_steps` so that chunks fall where a whole run
+    puts them."""
+    run = _PhaseRun(model, seed, first_step, num_streams)
+    spec = model.spec
+    per_chunk = chunk_steps(model, batch_rows, batch_steps)
+    if skip:
+        run.seek(skip)
+    stop = spec.num_steps if count is None else skip + count
+    done, tokens = skip, 0
+    while True:
+        m = per_chunk if stop is None else min(per_chunk, stop - done)
+        if m <= 0:
+            return
+        chunk = run.chunk(m)
+        if spec.token_budget is not None:
+            # The phase ends with the first step whose cumulative tokens reach the budget.
+            reached = np.cumsum(chunk.stream_tokens.sum(axis=1)) + tokens >= spec.token_budget
+            if reached.any():
+                chunk = chunk.head(int(np.argmax(reached)) + 1)
+            tokens += int(chunk.stream_tokens.sum())
+        done += chunk.num_steps
+        yield chunk
+        if done >= (stop or 0) and tokens >= (spec.token_budget or 0):
+            return
 
 
 def generate_steps(

@@ -707,6 +707,7 @@ def test_plan_modules_import_only_the_ones_below_them() -> None:
         "draw": 3,
         "steps": 4,
         "summary": 5,
+        "parallel": 5,
         "write": 6,
     }
     package = REPO / "materializer" / "plan"

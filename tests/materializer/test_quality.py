@@ -3,6 +3,7 @@ threshold fails the cut with nothing published."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from materializer.plan import PhaseSpec, Pool, write_plan
 from materializer.quality import (
     PhaseTarget,
     PlanArrays,
+    _repeats,
     autocorrelation,
     quality_report,
     read_plan,
@@ -138,6 +140,21 @@ def test_a_real_plan_against_a_skewed_target_shows_the_deviation(tmp_path: Path)
     assert epochs["s0", "b0"]["samples"] == 2000
     assert epochs["s0", "b0"]["draws"] + epochs["s1", "b0"]["draws"] == plan.rows.size
     assert epochs["s0", "b0"]["epochs"] == pytest.approx(200 * BATCH / 2 / 2000)
+
+
+def test_repeats_are_counted_in_steps_of_every_size() -> None:
+    """Steps of mixed sizes (1 to 9 rows, as buckets with different batches give),
+    rows drawn from few values so that many repeat: the count equals a direct one."""
+    rng = np.random.default_rng(4)
+    sizes = rng.integers(1, 10, 300)
+    offsets = np.r_[0, np.cumsum(sizes)].astype(np.int64)
+    rows = rng.integers(0, 12, int(offsets[-1])).astype(np.int64)
+    plan = PlanArrays(phase=np.zeros(sizes.size, np.int64), offsets=offsets, rows=rows)
+    direct = sum(
+        int(b - a) - len(set(rows[a:b].tolist())) for a, b in itertools.pairwise(offsets.tolist())
+    )
+    assert direct > 0
+    assert _repeats(plan, plan.sample_steps()) == direct
 
 
 def test_repeats_within_a_step_are_counted() -> None:

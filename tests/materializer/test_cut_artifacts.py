@@ -1,0 +1,124 @@
+"""The cut's artifact stages: the plan (and its lineage) on a side thread, overlapped
+with the index and manifest; on a process pool by step range; the same bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from catalog.catalog import VidlakeCatalog
+from materializer import cut_artifacts as artifacts
+from materializer.cut import build_artifacts
+from materializer.executors import LocalExecutor
+from materializer.recipe import Recipe
+from materializer.select import Execution
+from tests.materializer.test_cut import DATA_ARTIFACTS, lake, recipe
+
+__all__ = ["lake", "recipe"]  # fixtures
+
+
+def _digests(artifacts: dict[str, Path]) -> dict[str, str]:
+    return {k: hashlib.sha256(artifacts[k].read_bytes()).hexdigest() for k in DATA_ARTIFACTS}
+
+
+def test_progress_comes_from_the_calling_thread_each_stage_opened_then_closed(
+    lake: tuple[VidlakeCatalog, Path],
+    recipe: Recipe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plan is written on a side thread (overlapping the index and manifest), but
+    every progress report comes from the caller's thread, each stage opened first."""
+    catalog, _ = lake
+    planned_on: list[int] = []
+    real = artifacts.write_plan  # type: ignore[attr-defined]
+
+    def spy(*args: object, **kwargs: object) -> object:
+        planned_on.append(threading.get_ident())
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(artifacts, "write_plan", spy)
+    calls: list[tuple[str, float, int]] = []
+    build_artifacts(
+        catalog, recipe, tmp_path, progress=lambda s, f: calls.append((s, f, threading.get_ident()))
+    )
+    assert {t for _, _, t in calls} == {threading.get_ident()}
+    assert planned_on and threading.get_ident() not in planned_on
+    opened: dict[str, int] = {}
+    for i, (stage, fraction, _) in enumerate(calls):
+        if fraction == 0.0:
+            opened[stage] = i
+        elif fraction >= 1.0:
+            assert stage in opened, f"{stage} closed before it opened"
+    expected = {"pin", "scatter", "plan", "index", "manifest", "quality", "lineage"}
+    assert expected <= {s for s, f, _ in calls if f >= 1.0}
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith((".plan-ranges-", "lineage"))
+                and p.is_dir()]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_plan_on_a_process_pool_gives_the_same_artifacts(
+    lake: tuple[VidlakeCatalog, Path],
+    recipe: Recipe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    catalog, _ = lake
+    one, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
+    monkeypatch.setattr(artifacts, "PARALLEL_PLAN_ROWS", 0)
+    calls: list[int] = []
+    real = artifacts.write_plan  # type: ignore[attr-defined]
+
+    def spy(*args: object, **kwargs: object) -> object:
+        calls.append(int(kwargs["workers"]))  # type: ignore[call-overload]
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(artifacts, "write_plan", spy)
+    pooled, _ = build_artifacts(
+        catalog, recipe, _mkdir(tmp_path / "pool"), execution=Execution(LocalExecutor(2))
+    )
+    assert calls == [2]
+    assert _digests(pooled) == _digests(one)
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def test_lineage_does_not_wait_for_the_scatter_of_every_column(
+    lake: tuple[VidlakeCatalog, Path],
+    recipe: Recipe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The side thread's lineage may start before this thread has scattered the
+    samples: it must read nothing this thread has yet to compute."""
+    catalog, _ = lake
+    one, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
+    planned = threading.Event()
+    real_plan, real_rows = artifacts.write_named_plan, artifacts.with_rows
+    calls = []
+
+    def plan(*args: object, **kwargs: object) -> object:
+        try:
+            return real_plan(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            planned.set()
+
+    def rows(table: object) -> object:
+        calls.append(table)
+        if len(calls) == 2:  # the full scatter: let the plan and its lineage go first
+            assert planned.wait(60)
+            time.sleep(0.3)
+        return real_rows(table)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(artifacts, "write_named_plan", plan)
+    monkeypatch.setattr(artifacts, "with_rows", rows)
+    late, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "late"))
+    assert len(calls) == 2
+    assert _digests(late) == _digests(one)
