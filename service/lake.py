@@ -26,8 +26,11 @@ __all__ = ["Lake"]
 class Lake:
     """Catalog, object store and registry of one deployment (opened lazily)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, eval_salt: str | None = None) -> None:
+        """``eval_salt``: the carve-out salt a catalog created by this lake freezes
+        (None: a random one); an existing catalog with another salt is a Conflict."""
         self.settings = settings
+        self._eval_salt = eval_salt
         self._lock = threading.Lock()
 
     @property
@@ -51,6 +54,7 @@ class Lake:
                 if "eval_fraction" in self.settings.model_fields_set
                 else None
             ),
+            eval_salt=self._eval_salt,
             s3_endpoint_url=self.settings.s3_endpoint(),
             s3_path_style=self.settings.s3_path_style or None,
             s3_region=self.settings.s3_region_name(),

@@ -80,6 +80,12 @@ __all__ = [
 Progress = Callable[[str, int, int], None]
 
 STAGES = ("assets", "clips", "latents", "scores", "captions", "embeddings")
+#: The eval carve-out salt of the demo's catalog. A real catalog freezes a random salt;
+#: the demo's corpus is synthetic and its strict recipe (docs/recipes/demo.yaml) has
+#: pools of a few rows in some 8-frame buckets, so with a random salt about 1 catalog
+#: in 16 carved out the one row a step needed and the cut refused (measured: 1 of 17
+#: random salts). A fixed salt makes every run carve out the same eval assets.
+DEMO_EVAL_SALT = "87839d5f506ca922a5ec64362f855fb8"
 _CLIPS_PER_BATCH = 10_000
 _PUT_WORKERS = 4  # puts wait on fsync, not on the GIL
 _MAX_IN_FLIGHT = 64

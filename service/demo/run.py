@@ -50,14 +50,13 @@ console = Console()
 def run_demo(settings: Settings, *, assets: int = 1500) -> dict[str, Any]:
     """Run the demo against ``settings`` (the embedded default unless configured)."""
     from service.client import HttpClient
-    from service.lake import Lake
 
     home = settings.home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     console.rule("[bold]vidlake demo")
     console.print(f"home: {home}")
-    lake = Lake(settings)
+    lake = _demo_lake(settings)
     summary = _corpus(lake, home, assets)
 
     port = _free_port()
@@ -97,6 +96,21 @@ def run_demo(settings: Settings, *, assets: int = 1500) -> dict[str, Any]:
 
 
 # -- 1. corpus ---------------------------------------------------------------------------------
+def _demo_lake(settings: Settings) -> Any:
+    """The lake, its catalog created with the demo's fixed carve-out salt; a catalog
+    that already exists keeps its own."""
+    from catalog.errors import Conflict
+    from service.demo.corpus import DEMO_EVAL_SALT
+    from service.lake import Lake
+
+    lake = Lake(settings, eval_salt=DEMO_EVAL_SALT)
+    try:
+        lake.catalog  # noqa: B018 (opens, or creates with the salt)
+    except Conflict:
+        return Lake(settings)
+    return lake
+
+
 def _corpus(lake: Any, home: Path, assets: int) -> dict[str, Any]:
     from catalog.errors import Conflict
     from service.demo.corpus import generate_corpus

@@ -21,7 +21,7 @@ from manifests.format import LINEAGE_NAME, QUALITY_NAME, SNAPSHOT_REQUIRED_KEYS
 from manifests.registry import Registry
 from materializer.cut import build_artifacts, cut_snapshot
 from materializer.recipe import Recipe, load_recipe
-from service.demo.corpus import generate_corpus
+from service.demo.corpus import DEMO_EVAL_SALT, generate_corpus
 from tests.fixtures.recipes import small_corpus_demo, write_small_corpus_demo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -288,7 +288,10 @@ def test_snapshot_counts_the_repeats_a_phase_allows(
 def test_the_demo_recipe_cuts_the_demo_corpus_with_no_repeat(tmp_path: Path) -> None:
     """Issue 11.4: the demo's recipe and corpus (service/demo/run.py) fit: every pool holds
     a step's draw, so the strict recipe cuts and no step holds a sample twice."""
-    catalog = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path / "lake"))
+    config = CatalogConfig.embedded(tmp_path / "lake").model_copy(
+        update={"eval_salt": DEMO_EVAL_SALT}  # the demo's catalog carves out these assets
+    )
+    catalog = VidlakeCatalog.open(config)
     generate_corpus(catalog, seed=0)  # the demo's corpus: default size, seed 0
     artifacts, snap = build_artifacts(catalog, load_recipe(DEMO_RECIPE), _mkdir(tmp_path / "a"))
     plan = _read_ipc(artifacts["plan.arrow"])
