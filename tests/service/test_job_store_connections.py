@@ -47,9 +47,14 @@ def test_each_thread_its_own(tmp_path: Path, connects: list[int]) -> None:
     store.counts()
     start = len(connects)
 
+    # Every thread stays alive until all have worked: a finished thread's id can be
+    # given to the next one, and then two threads would look like one.
+    together = threading.Barrier(3)
+
     def work() -> None:
         for i in range(5):
             store.create("cut", {"i": i}, owner=None, runner_id="x")
+        together.wait(timeout=60)
 
     threads = [threading.Thread(target=work) for _ in range(3)]
     for t in threads:
