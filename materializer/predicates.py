@@ -320,6 +320,13 @@ def _check_tree(
             raise _error(path, _why_not(node))
 
 
+def _listing(columns: Mapping[str, str], most: int = 40) -> str:
+    """`` (columns: a, b, …)`` for an error with no close match: what the user may use."""
+    names = sorted(columns)
+    shown = ", ".join(names[:most]) + (f", … {len(names) - most} more" if len(names) > most else "")
+    return f" (columns: {shown})" if names else ""
+
+
 def _check_column(
     node: exp.Expr, columns: Mapping[str, str], lowered: Mapping[str, str], path: str
 ) -> None:
@@ -331,7 +338,7 @@ def _check_column(
     canonical = name if name in columns else (None if ident.quoted else lowered.get(name.lower()))
     if canonical is None:
         close = difflib.get_close_matches(name.lower(), list(columns), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        hint = f" (did you mean {close[0]!r}?)" if close else _listing(columns)
         if name.lower() == "tier" and "tier" not in columns:
             hint = " (tier is assigned by the tier rules; use it in stream predicates)"
         raise _error(path, f"unknown column {name!r}{hint}", column=name)

@@ -485,6 +485,16 @@ def test_tier_is_not_a_column_of_tier_rules() -> None:
         validate_predicate("tier = 'gold'", cols, "tiers.rules[0].where")
 
 
+def test_an_unknown_column_with_no_close_match_lists_the_columns() -> None:
+    cols = {"stream": "INTEGER", "bucket": "INTEGER", "clip_id": "VARCHAR"}
+    listed = r"unknown column 'zzz' \(columns: bucket, clip_id, stream\)"
+    with pytest.raises(InvalidRecipe, match=listed):
+        validate_predicate("zzz = 1", cols, "where")
+    many = {f"c{i:02d}": "INTEGER" for i in range(50)}
+    with pytest.raises(InvalidRecipe, match=r"c39, … 10 more\)"):
+        validate_predicate("zzz = 1", many, "where")
+
+
 def test_documented_view_and_allowlist() -> None:
     needed = {
         "clip_id", "asset_id", "t_start_s", "t_end_s", "duration_s", "fps", "num_frames",
