@@ -225,9 +225,12 @@ class VidlakeCatalog:
 
     def row_count(self, table: str) -> int:
         """Rows of ``table``'s current snapshot, from its summary (no data read)."""
-        snap = self.iceberg_table(table).current_snapshot()
-        total = snap.summary.get("total-records") if snap and snap.summary else None
-        return int(total or 0)
+        return _row_count(self.iceberg_table(table))
+
+    def overview(self, table: str) -> tuple[int, list[IngestPoint]]:
+        """:meth:`row_count` and :meth:`ingest_history` of ``table`` from one metadata read."""
+        tbl = self.iceberg_table(table)
+        return _row_count(tbl), ingest_history(tbl)
 
     def locations(self, table: str) -> tuple[str, str]:
         """``table``'s current metadata file and its table location (URIs)."""
@@ -389,3 +392,9 @@ class VidlakeCatalog:
         asset: a train asset that must not enter a training cut).
         """
         return reads.asset_status(self, pin, include_eval=include_eval)
+
+
+def _row_count(tbl: Table) -> int:
+    snap = tbl.current_snapshot()
+    total = snap.summary.get("total-records") if snap and snap.summary else None
+    return int(total or 0)

@@ -64,15 +64,22 @@ def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _catalog_counts(services: Services) -> tuple[list[tuple[str, int]], str | None]:
+def _catalog_overview(
+    services: Services,
+) -> tuple[list[tuple[str, int]], dict[str, list[tuple[int, int]]], str | None]:
+    """Each table's row count and commit history, from one metadata read per table."""
     from catalog.tables import TABLE_NAMES
 
+    counts, history = [], {}
     try:
         catalog = services.catalog
-        counts = [(name, catalog.row_count(name)) for name in TABLE_NAMES]
-        return counts, None
+        for name in TABLE_NAMES:
+            rows, points = catalog.overview(name)
+            counts.append((name, rows))
+            history[name] = [(p.timestamp_ms, p.added_records) for p in points]
     except VidlakeError as exc:
-        return [], f"catalog unavailable: {exc.message}"
+        return [], {}, f"catalog unavailable: {exc.message}"
+    return counts, history, None
 
 
 def _shares_svg(shares: dict[str, Any]) -> str:
@@ -146,7 +153,7 @@ def _job_row(job: JobRecord) -> str:
     summary="Dashboard (HTML, auto-refreshing; needs the read scope)",
 )
 def dashboard(services: Svc, principal: Reader) -> HTMLResponse:
-    counts, catalog_error = _catalog_counts(services)
+    counts, history, catalog_error = _catalog_overview(services)
     catalog_rows = "\n".join(
         f'<tr><td>{_e(name)}</td><td class="num">{n:,}</td></tr>' for name, n in counts
     )
@@ -166,26 +173,16 @@ def dashboard(services: Svc, principal: Reader) -> HTMLResponse:
         job_rows="\n".join(_job_row(j) for j in jobs)
         or '<tr><td colspan="7" class="empty">no jobs</td></tr>',
         snapshot_rows=_snapshot_rows(services),
-        ingest=_ingest(services),
+        ingest=(
+            f'<p class="error">{_e(catalog_error)}</p>'
+            if catalog_error
+            else ingest_section(history)
+        ),
         storage=storage_panel(
             read_statuses(services.storage_status_dir), str(services.storage_status_dir)
         ),
     )
     return HTMLResponse(page)
-
-
-def _ingest(services: Services) -> str:
-    from catalog.tables import TABLE_NAMES
-
-    try:
-        catalog = services.catalog
-        history = {
-            name: [(p.timestamp_ms, p.added_records) for p in catalog.ingest_history(name)]
-            for name in TABLE_NAMES
-        }
-    except VidlakeError as exc:
-        return f'<p class="error">catalog unavailable: {_e(exc.message)}</p>'
-    return ingest_section(history)
 
 
 def _page(title: str, body: str, *, status: int = 200) -> HTMLResponse:

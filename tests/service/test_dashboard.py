@@ -42,6 +42,25 @@ def test_dashboard_shows_counts_jobs_and_snapshots(client: TestClient, world: Wo
     assert client.get("/static/dashboard.css").status_code == 200
 
 
+def test_dashboard_reads_each_tables_metadata_once(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from catalog.tables import TABLE_NAMES
+
+    catalog = client.app.state.services.catalog  # type: ignore[attr-defined]
+    loaded: list[str] = []
+    real = catalog.iceberg_table
+
+    def counting(name: str) -> object:
+        loaded.append(name)
+        return real(name)
+
+    monkeypatch.setattr(catalog, "iceberg_table", counting)
+    assert client.get("/").status_code == 200
+    # Counts and the ingest chart come from one metadata read per table (was two).
+    assert sorted(loaded) == sorted(TABLE_NAMES)
+
+
 def test_dashboard_escapes_what_it_shows(client: TestClient, world: World) -> None:
     runner = client.app.state.services.runner  # type: ignore[attr-defined]
     job = runner.submit("cut", lambda p: None, {}, owner="<script>alert(1)</script>")
