@@ -239,6 +239,7 @@ class Services:
         with self._lock:
             if self._runner is not None:
                 self._runner.close(wait=True)
+                self._runner.store.close()
                 self._runner = None
             if self._catalog is not None and self._owns_catalog:
                 self._catalog.close()

@@ -166,6 +166,9 @@ class JobStoreBase(ABC):
     def _connect(self) -> AbstractContextManager[Tx]:
         """One transaction: committed when the block succeeds, rolled back otherwise."""
 
+    def close(self) -> None:  # noqa: B027 - a backend with nothing kept has nothing to do
+        """Release the connections this store keeps."""
+
     def create(
         self,
         kind: str,

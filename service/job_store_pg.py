@@ -3,9 +3,13 @@
 A table of its own, ``"<namespace>_jobs"`` (so two catalogs in one database keep
 their jobs apart), next to pyiceberg's ``iceberg_tables``; the columns are the SQLite
 store's plus ``seq``, an insertion order for ties of ``created_at``. Every call is one
-transaction on its own connection (psycopg2, from the catalog's SQLAlchemy URL), so
-replicas on any host read and change the same rows; the table is created on first use
-under an advisory lock (two replicas starting together do not race on the DDL).
+transaction (psycopg2, from the catalog's SQLAlchemy URL), so replicas on any host read
+and change the same rows; the table is created on first use under an advisory lock (two
+replicas starting together do not race on the DDL). Connections are kept in a small
+pool per process (a job reports progress many times a second; a new connection costs
+a TCP and authentication round trip): a kept one is pinged before use and replaced when
+the server dropped it, one that failed mid-transaction is closed, not returned, and a
+forked child starts a pool of its own.
 :meth:`~service.job_store.JobStoreBase.create_once` serialises on a transaction-scoped
 advisory lock of (table, kind, key).
 """
@@ -13,10 +17,11 @@ advisory lock of (table, kind, key).
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from catalog.errors import InvalidInput
@@ -113,16 +118,55 @@ class PostgresJobStore(JobStoreBase):
 
     _NEWEST = "created_at DESC, seq DESC"
 
-    def __init__(self, url: str, *, namespace: str = "vidlake") -> None:
+    def __init__(self, url: str, *, namespace: str = "vidlake", keep: int = 4) -> None:
         self.table = job_table_name(namespace)
         self._args = connect_args(url)
         self._ready = False
         self._ready_lock = threading.Lock()
+        self._keep = keep
+        self._idle: list[psycopg2.extensions.connection] = []
+        self._idle_lock = threading.Lock()
+        self._pid = os.getpid()
 
     def _open(self) -> psycopg2.extensions.connection:
         import psycopg2
 
         return psycopg2.connect(**self._args)
+
+    def _take(self) -> psycopg2.extensions.connection:
+        """A kept connection that still answers, else a new one."""
+        import psycopg2
+
+        with self._idle_lock:
+            if self._pid != os.getpid():  # a forked child: the parent's sockets are not ours
+                self._idle, self._pid = [], os.getpid()
+            kept = self._idle.pop() if self._idle else None
+        while kept is not None:
+            try:
+                with kept.cursor() as cur:
+                    cur.execute("SELECT 1")
+                kept.rollback()
+                return kept
+            except psycopg2.Error:
+                _close_quietly(kept)
+            with self._idle_lock:
+                kept = self._idle.pop() if self._idle else None
+        return self._open()
+
+    def _give_back(self, con: psycopg2.extensions.connection, *, healthy: bool) -> None:
+        if healthy and not con.closed and os.getpid() == self._pid:
+            with self._idle_lock:
+                if len(self._idle) < self._keep:
+                    self._idle.append(con)
+                    return
+        _close_quietly(con)
+
+    def close(self) -> None:
+        """Close the kept connections (a transaction in flight keeps its own)."""
+        with self._idle_lock:
+            idle, self._idle = self._idle, []
+        for con in idle:
+            _close_quietly(con)
 
     def _prepare(self) -> None:
         with self._ready_lock:
@@ -142,13 +186,28 @@ class PostgresJobStore(JobStoreBase):
 
     @contextmanager
     def _connect(self) -> Iterator[Tx]:
+        import psycopg2
         from psycopg2.extras import RealDictCursor
 
         if not self._ready:
             self._prepare()
-        con = self._open()
+        con = self._take()
+        healthy = False
         try:
             with con, con.cursor(cursor_factory=RealDictCursor) as cur:
                 yield _PgTx(cur, self.table)
+            healthy = True
+        except (psycopg2.OperationalError, psycopg2.InterfaceError):
+            raise  # the connection may be broken: closed below, never kept
+        except BaseException:
+            healthy = not con.closed  # rolled back by ``with con``; the connection is fine
+            raise
         finally:
-            con.close()
+            self._give_back(con, healthy=healthy)
+
+
+def _close_quietly(con: psycopg2.extensions.connection) -> None:
+    import psycopg2
+
+    with suppress(psycopg2.Error):
+        con.close()

@@ -107,6 +107,38 @@ def test_the_jobs_of_two_namespaces_stay_apart(postgres_url: str, tmp_path: Path
         job_table_name('bad"; DROP TABLE x; --')
 
 
+def test_calls_reuse_a_kept_connection_and_replace_one_the_server_dropped(
+    postgres_url: str,
+) -> None:
+    import psycopg2
+
+    store = PostgresJobStore(postgres_url, namespace=f"t_{uuid.uuid4().hex[:12]}")
+    opened: list[Any] = []
+    real_open = store._open
+
+    def counting_open() -> Any:
+        opened.append(con := real_open())
+        return con
+
+    store._open = counting_open  # type: ignore[method-assign]
+    job = store.create("cut", {}, owner=None, runner_id="r")
+    store.start(job.id)
+    for i in range(20):
+        store.progress(job.id, "plan", i / 20)
+    assert store.get(job.id).progress == pytest.approx(0.95)
+    # One connection for the table's creation, one kept for every call after it.
+    assert len(opened) == 2
+    # The server drops the kept connection (a restart, an idle timeout): the next call
+    # notices before its transaction and opens a fresh one; nothing fails.
+    admin = psycopg2.connect(**store._args)
+    with admin, admin.cursor() as cur:
+        cur.execute("SELECT pg_terminate_backend(%s)", (opened[-1].get_backend_pid(),))
+    admin.close()
+    assert store.get(job.id).id == job.id and len(opened) == 3
+    store.close()
+    assert opened[-1].closed
+
+
 _CRASHER = """
 import sys, threading
 from service.job_store_pg import PostgresJobStore
