@@ -21,7 +21,10 @@ schema (:func:`catalog.coerce.conform`), so this module does only what an append
    append) and commit ``AddSnapshot`` + ``SetSnapshotRef`` with the requirement that
    the branch still points at the parent: a concurrent writer makes the commit fail
    with ``CommitFailedException``, exactly as pyiceberg's append does, and the files
-   written for it are deleted.
+   written for it are deleted. On a SQL catalog the commit is the catalog's own
+   conditional UPDATE without pyiceberg's reload and deep copy of the metadata
+   (:mod:`catalog._sql_commit`); there, any other commit since the table was loaded
+   fails it.
 
 Tables this path does not cover (format v3 row lineage, non-identity partition
 transforms) go through pyiceberg's ``Table.append`` unchanged.
@@ -78,6 +81,7 @@ from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 
 from catalog import row_groups
+from catalog._sql_commit import commit as sql_commit
 
 __all__ = ["append"]
 
@@ -136,14 +140,12 @@ def append(
         _remove(tbl, written)
         raise
     try:
-        response = tbl.catalog.commit_table(tbl, requirements, updates)
+        sql_commit(tbl, requirements, updates)  # updates tbl in place
     except CommitFailedException:
         _remove(tbl, written)  # rejected: nothing references the files
         raise
     # Any other failure of the commit may have landed it: its files stay (an orphan
     # file is harmless, a missing one is not).
-    tbl.metadata = response.metadata
-    tbl.metadata_location = response.metadata_location
 
 
 def _remove(tbl: Table, paths: list[str]) -> None:
