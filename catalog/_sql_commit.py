@@ -4,9 +4,10 @@ pyiceberg's ``SqlCatalog.commit_table`` reloads the table (reads and parses the 
 metadata JSON), checks the requirements against it, applies the updates and then
 deep-copies the whole new metadata (``update_table_metadata``: every snapshot so far)
 before it writes the next metadata JSON and moves the catalog row with ``UPDATE ...
-WHERE metadata_location = <current>``. Measured on small score batches: ~9 ms for the
-reload and ~13 ms for the deep copy, per commit, on top of a 25-30 ms Parquet write of
-a 100k-row batch, and both grow with the table's snapshot count.
+WHERE metadata_location = <current>``. Both are linear in the table's snapshot count:
+at 60 snapshots 2.5 ms for the reload and 1.6 ms for the deep copy (CPU, min of 15),
+per commit, beside a 25-30 ms Parquet write of a 100k-row score batch; a table fed
+by thousands of small batches pays them on every one.
 
 :func:`commit` applies the same updates with pyiceberg's own update functions to the
 metadata the caller planned against (``tbl.metadata``), writes the next metadata JSON
