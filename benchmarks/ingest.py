@@ -17,6 +17,9 @@ median ratio. Prints one JSON line::
 time :func:`catalog.rules.clip_id` re-derivation alone takes over every clip batch
 (one SHA-256 per clip in Python, ~1.5 µs a clip with its text on this box, more than
 the Parquet write of a clip batch): the part of ``catalog_s`` no storage trick removes.
+``--stages`` adds ``stages_cpu_s``: the catalog's thread CPU per stage (the key
+index, clip-id re-derivation, data-file writes, manifests, the commit, batch SHA-256,
+coercion, table loads), summed over the threads each runs in, per run.
 ``bare_iceberg_*`` times pyiceberg's own ``Table.append`` of the same rows, already
 conformed, with no checks, in a phase of its own (noisier): the catalog writes its data
 files and commits its snapshots itself (``catalog/_append.py``), so it may beat that.
@@ -29,19 +32,30 @@ and clips this process just committed are answered from memory
 (:mod:`catalog.key_index_recent`); what is left is the Parquet write (~30 % of a score
 batch), the SQL catalog's commit (~15 %), the clip-id hashing (overlapped with the
 write) and, for clips, the index's B-tree inserts and duplicate probes.
+
+Round 4 (thread CPU of each stage, 200k clips, load 8, 1.49 s in all): the key index
+44 % (its look-ups, the closing write of held keys, ``advance``), the data-file writes
+20 % (about what ``write_table`` of the same batches costs), clip-id re-derivation 19 %
+(beside the clip writes), batch SHA-256, coercion, table loads and manifests 4 % each
+or less. cProfile overstates the commit's share (deep copies are many small Python
+calls): measure stages with ``time.thread_time`` instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -49,9 +63,11 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from catalog import _append, commit, idempotency, rules
 from catalog.catalog import VidlakeCatalog
 from catalog.coerce import conform
 from catalog.config import CatalogConfig
+from catalog.key_index import KeyStore
 from catalog.rules import clip_ids
 
 FILTERS = ("aesthetic", "motion", "ocr")
@@ -102,6 +118,48 @@ def _score_batch(clip_id: pa.Array, filt: str, rng: np.random.Generator) -> pa.T
     )
 
 
+#: ``--stages``: the catalog's functions whose thread CPU is summed, per stage.
+_STAGES: dict[str, list[tuple[Any, str]]] = {
+    "key_index": [(KeyStore, n) for n in ("has", "advance", "splits", "close")],
+    "clip_ids": [(rules, "clip_ids")],
+    "data_files": [(_append, "_write_data_file")],
+    "manifests": [(_append, "_snapshot")],
+    "commit": [(_append, "sql_commit")],
+    "batch_sha256": [(idempotency, "batch_sha256")],
+    "coerce": [(commit, "coerce_batch")],
+    "table_loads": [(VidlakeCatalog, "_load")],
+}
+
+
+@contextlib.contextmanager
+def _stage_cpu(on: bool) -> Iterator[dict[str, float]]:
+    """Sum each stage's thread CPU (``time.thread_time``) while the block runs, in
+    whichever thread a stage runs (cProfile overstates many-small-call stages)."""
+    spent: dict[str, float] = dict.fromkeys(_STAGES, 0.0) if on else {}
+    real = [(owner, name, getattr(owner, name)) for v in _STAGES.values() for owner, name in v]
+    if on:
+        for stage, targets in _STAGES.items():
+            for owner, name in targets:
+                setattr(owner, name, _timed(getattr(owner, name), stage, spent))
+    try:
+        yield spent
+    finally:
+        for owner, name, fn in real:
+            setattr(owner, name, fn)
+
+
+def _timed(fn: Callable[..., Any], stage: str, spent: dict[str, float]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t = time.thread_time()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[stage] += time.thread_time() - t
+
+    return timed
+
+
 def _np(col: pa.ChunkedArray) -> np.ndarray:
     return np.asarray(col.to_numpy())
 
@@ -112,6 +170,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=100_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeat", type=int, default=1, help="runs; the median ratio is kept")
+    parser.add_argument(
+        "--stages", action="store_true", help="add the catalog's thread CPU per stage"
+    )
     args = parser.parse_args()
 
     rng = np.random.default_rng(args.seed)
@@ -138,27 +199,30 @@ def main() -> None:
         out = Path(tmp) / "parquet"
         out.mkdir()
         ratios, catalog_runs, parquet_runs = [], [], []
-        for run in range(args.repeat):
-            cat = VidlakeCatalog.open(CatalogConfig.embedded(Path(tmp) / f"catalog-{run}"))
-            cat.add_assets(assets)  # setup, untimed
-            # Batch by batch, the catalog's append then the bare write of the same rows:
-            # both sides see the same moments of a shared machine's load.
-            catalog_s = parquet_s = 0.0
-            work = [(cat.add_clips, b) for b in clip_batches]
-            work += [(cat.add_scores, b) for b in score_batches]
-            for i, (add, b) in enumerate(work):
+        with _stage_cpu(args.stages) as spent:
+            for run in range(args.repeat):
+                cat = VidlakeCatalog.open(CatalogConfig.embedded(Path(tmp) / f"catalog-{run}"))
+                before = dict(spent)
+                cat.add_assets(assets)  # setup, untimed
+                spent.update(before)  # and not in the stages
+                # Batch by batch, the catalog's append then the bare write of the same rows:
+                # both sides see the same moments of a shared machine's load.
+                catalog_s = parquet_s = 0.0
+                work = [(cat.add_clips, b) for b in clip_batches]
+                work += [(cat.add_scores, b) for b in score_batches]
+                for i, (add, b) in enumerate(work):
+                    t = time.perf_counter()
+                    add(b)
+                    catalog_s += time.perf_counter() - t
+                    t = time.perf_counter()
+                    pq.write_table(b, os.fspath(out / f"part-{run}-{i:05d}.parquet"))
+                    parquet_s += time.perf_counter() - t
                 t = time.perf_counter()
-                add(b)
+                cat.close()  # writes the key index's pending keys: part of the catalog's cost
                 catalog_s += time.perf_counter() - t
-                t = time.perf_counter()
-                pq.write_table(b, os.fspath(out / f"part-{run}-{i:05d}.parquet"))
-                parquet_s += time.perf_counter() - t
-            t = time.perf_counter()
-            cat.close()  # writes the key index's pending keys: part of the catalog's cost
-            catalog_s += time.perf_counter() - t
-            catalog_runs.append(catalog_s)
-            parquet_runs.append(parquet_s)
-            ratios.append(parquet_s / catalog_s)
+                catalog_runs.append(catalog_s)
+                parquet_runs.append(parquet_s)
+                ratios.append(parquet_s / catalog_s)
         pick = int(np.argsort(ratios)[len(ratios) // 2])  # the median run
         catalog_s, parquet_s = catalog_runs[pick], parquet_runs[pick]
 
@@ -203,6 +267,11 @@ def main() -> None:
                 "clip_id_s": round(clip_id_s, 3),
                 "bare_iceberg_s": round(iceberg_s, 3),
                 "bare_iceberg_ratio": round(parquet_s / iceberg_s, 3),
+                **(
+                    {"stages_cpu_s": {k: round(v / args.repeat, 3) for k, v in spent.items()}}
+                    if args.stages
+                    else {}
+                ),
             }
         )
     )

@@ -94,6 +94,38 @@ def test_appended_rows_read_back_by_field_id_with_stats(cat: VidlakeCatalog) -> 
     assert snap.summary["vidlake.rows"] == "500"
 
 
+def _dictionary_pages(path: str) -> dict[str, bool]:
+    meta = pq.ParquetFile(path.removeprefix("file://")).metadata.row_group(0)
+    return {
+        meta.column(i).path_in_schema: meta.column(i).has_dictionary_page
+        for i in range(meta.num_columns)
+    }
+
+
+def test_clip_keyed_tables_write_clip_ids_without_a_dictionary(cat: VidlakeCatalog) -> None:
+    # A score batch holds a clip's id once per filter: nearly every value is new, so a
+    # dictionary overflows its page limit and is thrown away (~6 ms of a 100k-row
+    # write). The low-cardinality columns keep theirs.
+    clips = _clips(_assets(20)["asset_id"].to_pylist(), 300)
+    cat.add_clips(clips)
+    cat.add_scores(
+        pa.table(
+            {
+                "clip_id": clips["clip_id"],
+                "filter_name": ["aesthetic"] * 300,
+                "filter_version": ["v1"] * 300,
+                "score": np.linspace(0, 1, 300),
+            }
+        )
+    )
+    (task,) = list(cat.iceberg_table("scores").scan().plan_files())
+    pages = _dictionary_pages(task.file.file_path)
+    assert pages["clip_id"] is False
+    assert pages["filter_version"] is True
+    got = cat.scan("scores").sort_by("score")
+    assert got["clip_id"].to_pylist() == clips["clip_id"].to_pylist()
+
+
 def test_a_batch_over_several_partitions_writes_one_file_each(cat: VidlakeCatalog) -> None:
     clips = _clips(_assets(20)["asset_id"].to_pylist(), 30)
     cat.add_clips(clips)  # scores need existing clips
