@@ -216,6 +216,9 @@ class KeyStore:
     def _opened(self, conn: sqlite3.Connection) -> None:
         """Upgrade a file of an older layout (its clip and latent views are rebuilt),
         and remove run files no transaction names (a crash's orphans)."""
+        old = conn.execute("PRAGMA user_version").fetchone()[0] < _LAYOUT
+        if not old and not self._runs.unnamed(conn):
+            return  # the common case: no write lock to wait for
         with self._write() as txn:
             if txn.execute("PRAGMA user_version").fetchone()[0] < _LAYOUT:
                 txn.execute("DROP TABLE IF EXISTS clips")

@@ -391,16 +391,24 @@ class KeyRuns:
             (name, view, writer.width, writer.count),
         )
 
-    def sweep(self, conn: sqlite3.Connection) -> None:
-        """Remove files no row names, and temporary files of dead processes (call
-        with the write lock held: no one is between a rename and its commit)."""
+    def unnamed(self, conn: sqlite3.Connection) -> list[Path]:
+        """Files no manifest row names (run files) or whose writer is gone (temporary
+        files of dead processes). Final only under the write lock: outside it, a
+        writer may be between renaming a run and committing its row."""
         if not self.root.is_dir():
-            return
+            return []
         named = {str(n) for (n,) in conn.execute("SELECT name FROM runs")}
+        out = []
         for path in self.root.iterdir():
             orphan = path.name.endswith(".run") and path.name not in named
             if orphan or (path.name.startswith(".tmp-") and not _alive(path.name.split("-")[1])):
-                path.unlink(missing_ok=True)
+                out.append(path)
+        return out
+
+    def sweep(self, conn: sqlite3.Connection) -> None:
+        """Remove :meth:`unnamed` files (call with the write lock held)."""
+        for path in self.unnamed(conn):
+            path.unlink(missing_ok=True)
 
     # -- reads --------------------------------------------------------------------
     def listed(

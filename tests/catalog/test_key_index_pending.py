@@ -169,7 +169,6 @@ def test_a_purge_forgets_pending_keys_too(tmp_path: Path) -> None:
         key = bytes.fromhex(_clip_ids(cat)[0].as_py())
         cat.purge_key_index()
     path = index_path(config)
-    held = b"".join(
-        Path(f"{path}{s}").read_bytes() for s in ("", "-wal") if Path(f"{path}{s}").exists()
-    )
+    files = [Path(f"{path}{s}") for s in ("", "-wal")] + list(Path(f"{path}.runs").glob("*"))
+    held = b"".join(f.read_bytes() for f in files if f.exists())
     assert key not in held
