@@ -14,15 +14,19 @@ files sorted by ``clip_id`` (compacted first; ``--skip-scan`` leaves it out).
 The catalog is grown through ``add_clips`` (every check on) in batches of 100k clips.
 ``--seed-flush-keys N`` lets the growing process hold up to N clip keys back before it
 writes them to the key index (default: the index's own bound, 2^20): the same catalog
-and the same index content and state, written as fewer, larger sorted batches (a
-faster seed for large sizes; the index's pages come out fuller than an index grown
-batch by batch).
+and the same index content and state, written as fewer, larger sorted runs (a faster
+seed for large sizes; the same keys, in runs merged by the same rule, though their
+number may differ: ``index_runs`` says).
 Prints one JSON line::
 
-    {"sizes", "batch", "batches", "seed_flush_keys", "load": [start, end], "runs":
-     [{"existing", "rows_per_s", "rows_per_s_all", "close_s", "rss_mb",
-     "index_lookup_s", "pruned_scan_s", "seed_s"}, ...], "rss_growth", "rate_ratio",
-     "rate_ratio_all"}
+    {"sizes", "batch", "batches", "seed", "seed_flush_keys", "load": [start, end],
+     "runs": [{"existing", "rows_per_s", "rows_per_s_all", "close_s", "rss_mb",
+     "index_lookup_s", "index_runs", "pruned_scan_s", "seed_s"}, ...], "rss_growth",
+     "rate_ratio", "rate_ratio_all"}
+
+``index_lookup_s``: one 10k-key duplicate check of new clips in the fresh process
+(:meth:`catalog.key_index.KeyStore.has`); ``index_runs``: the clip keys' run files
+then (:mod:`catalog.key_runs`).
 
 ``rss_growth`` = peak RSS at the largest catalog / at the smallest (goal: flat, ≤ 1.2);
 ``rate_ratio`` = rows/s at the largest catalog / with no clips (goal ≥ 0.7);
@@ -132,6 +136,7 @@ def _child(config_json: str, shift: float, batch: int, batches: int, scan: bool)
         t0 = time.perf_counter()
         cat._keys.has("clips", probe)
         index_s = time.perf_counter() - t0
+        runs = len(cat._keys._runs.listed(cat._keys._db(), "clips"))
         t0 = time.perf_counter()
         cat._keys.close()  # writes the keys still pending: part of the ingest's cost
         close_s = time.perf_counter() - t0
@@ -142,6 +147,7 @@ def _child(config_json: str, shift: float, batch: int, batches: int, scan: bool)
             "close_s": round(close_s, 3),
             "rss_mb": round(rss, 1),
             "index_lookup_s": round(index_s, 4),
+            "index_runs": runs,
         }
         if not scan:
             return out
@@ -209,6 +215,7 @@ def run(
         "sizes": sizes,
         "batch": batch,
         "batches": batches,
+        "seed": f"add_clips, {FILL_BATCH} clips a batch",
         "seed_flush_keys": flush or None,
         "load": load,
         "runs": runs,

@@ -4,9 +4,12 @@ without a whole table's keys in RAM.
 One SQLite file per catalog (WAL mode, a bounded page cache) holds, per *view*, the
 keys of one Iceberg table at one snapshot (:mod:`catalog.key_index_rows` says what):
 ``assets``, ``clips``, ``latents`` and ``near_dup_events`` (the ``near_duplicate``
-rows of ``asset_events``). Its ``meta`` row records the table's uuid and the snapshot
-the view holds, written in the same transaction as the keys, so a crash mid-write
-leaves the previous, consistent state.
+rows of ``asset_events``). The ``clips`` and ``latents`` keys live in sorted run files
+beside it (:mod:`catalog.key_runs`; a probe reads one block per key and run, where a
+B-tree read a random leaf), which its ``runs`` table names. A view's ``meta`` row
+records the table's uuid and the snapshot the view holds, written in the same
+transaction as its keys (or the rows naming its runs), so a crash mid-write leaves
+the previous, consistent state.
 
 It is a cache of committed state, never ahead of Iceberg: :meth:`KeyStore.sync`
 brings a view to the table's current snapshot by scanning only the files appended
@@ -27,9 +30,11 @@ chain of ours, and at :meth:`KeyStore.close`; the index plus them is the view at
 last commit, and they are dropped, not written, once another writer's sync moved the
 index on (it read our appended files itself).
 
-Look-ups and inserts take a whole batch in one statement: the digests go in as one
-packed blob (:class:`~catalog.key_index_rows.Packed`) that a recursive CTE reads key by
-key, so there is no Python object, parameter or statement text per key. Keys our own
+Look-ups and inserts take a whole batch in one statement (SQLite views) or one pass
+per run (run views): the digests go in as one packed blob
+(:class:`~catalog.key_index_rows.Packed`) that a recursive CTE reads key by key, or
+that numpy searches, so there is no Python object, parameter or statement text per
+key. Keys our own
 commits added are also answered from bounded memory (:mod:`catalog.key_index_recent`),
 emptied whenever the view's history is anything but appends.
 
@@ -39,7 +44,9 @@ verified against the stored frames, and groups are read by walking ``edges`` fro
 matched assets, so memory follows the batch and its groups, not the catalog.
 
 A damaged file (truncated, overwritten, not SQLite: ``SQLITE_CORRUPT``,
-``SQLITE_NOTADB``) is discarded with a warning and rebuilt from the tables; a lookup
+``SQLITE_NOTADB``; a run file missing or failing its checksums,
+:class:`~catalog.key_runs.RunDamaged`) is discarded, with the run files, with a
+warning and rebuilt from the tables; a lookup
 that meets the damage rebuilds the views before it answers, so a damaged index never
 answers "absent" for a committed key (every view is rebuilt, not only the one read).
 """

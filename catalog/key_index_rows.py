@@ -5,8 +5,8 @@ rows of the index's SQLite tables, and the index's schema:
 
 ============ =================================================================
 ``assets``   key digest, ``asset_id``, ``split``, bitrate, leading fingerprint frames
-``clips``    key digest of ``clip_id``
-``latents``  key digest of (clip, rung, tokenizer, member SHA-256)
+``clips``    key digest of ``clip_id`` (in run files, :mod:`catalog.key_runs`)
+``latents``  key digest of (clip, rung, tokenizer, member SHA-256) (run files too)
 ``edges``    recorded near-duplicate links, both directions, by source (``a``: the
              assets' ``near_duplicates``/``duplicate_of``; ``e``: link events)
 ``nd_keys``  the near-duplicate search keys of every asset, compact
