@@ -487,7 +487,8 @@ class KeyRuns:
     def _runs(self, conn: sqlite3.Connection, view: str, width: int) -> Iterator[_Open]:
         listed = self.listed(conn, view, width)
         names = {r.name for r in listed}
-        for stale in [n for n in self._open if n.startswith(f"{view}-") and n not in names]:
+        prefix = f"{view}-{width}-"  # runs of other widths stay open
+        for stale in [n for n in self._open if n.startswith(prefix) and n not in names]:
             self._forget(stale)
         for run in listed:
             if (held := self._open.get(run.name)) is None:
