@@ -258,3 +258,15 @@ def test_opening_the_index_sweeps_a_crashed_writers_files(tmp_path: Path) -> Non
         res = cat.add_clips([clip(i, k) for i in range(4) for k in range(3)])
         assert (res.inserted, res.duplicates) == (4, 8)
         assert sorted(p.name for p in root.iterdir()) == named
+
+
+def test_a_view_holds_runs_of_two_widths_apart(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    short, long = _keys(rng, 300, 16), _keys(rng, 300, 20)
+    long[:, :16] = short  # the same leading bytes: never confused
+    store = _Store(tmp_path)
+    store.add(short)
+    store.add(long[:150])
+    assert store.has(short).all()
+    assert store.has(long).tolist() == [True] * 150 + [False] * 150
+    assert sorted(r.width for r in store.runs.listed(store.conn, "clips")) == [16, 20]
