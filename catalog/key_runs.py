@@ -73,9 +73,9 @@ BLOCK = 128
 GAP = 3
 #: Keys per run written at once and per chunk of a merge's inputs.
 CHUNK_KEYS = 1 << 20
-#: Query keys probed per buffer (bounds the buffer: ``(GAP + 1) * BLOCK * width``
-#: bytes a key at worst).
-PROBE_KEYS = 4096
+#: Blocks per probe window: a batch is probed window by window, each block read at
+#: most once, into a buffer of at most this many blocks (8-10 MB).
+PROBE_BLOCKS = 4096
 #: Size ratio of neighbouring runs (see :func:`merge_plan`).
 FAN = 8
 
@@ -225,9 +225,14 @@ def _probe(run: _Open, keys: NDArray[np.uint8]) -> NDArray[np.bool_]:
     last = len(run.fence) - 1
     lo = np.clip(np.searchsorted(run.fence, head, "left") - 1, 0, last)
     hi = np.searchsorted(run.fence, head, "right") - 1  # -1: below the first key
-    for start in range(0, len(keys), PROBE_KEYS):
-        part = slice(start, start + PROBE_KEYS)
-        out[part] = _probe_part(run, keys[part], lo[part], hi[part])
+    multi = np.flatnonzero(hi > lo)  # a head repeated across blocks: rare
+    if multi.size:
+        out[multi] = _probe_part(run, keys[multi], lo[multi], hi[multi])
+    single = np.flatnonzero((hi >= 0) & (hi == lo))
+    window = lo[single] // PROBE_BLOCKS  # non-decreasing: the keys are sorted
+    for part in np.split(single, np.flatnonzero(np.diff(window)) + 1):
+        if part.size:
+            out[part] = _probe_part(run, keys[part], lo[part], hi[part])
     return out
 
 
