@@ -65,11 +65,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: Digests per block: the fence holds one 8-byte head per block (0.06 bytes a key
-#: in memory; 1 MB at 16M keys) and a probe reads one block per key.
+#: Digests per block: the fence and the block sums hold 16 bytes per block in memory
+#: (0.125 bytes a key: 2 MB at 16M keys) and a probe reads one block per key.
 BLOCK = 128
-#: Blocks of other keys read rather than a gap split into two reads (a syscall
-#: costs about as much as copying ~8 KiB).
+#: Blocks of other keys read rather than a gap split into two reads (a ``preadv``,
+#: ~1.4 µs on the test VM, costs more than copying and summing a few 2 KiB blocks).
 GAP = 3
 #: Keys per run written at once and per chunk of a merge's inputs.
 CHUNK_KEYS = 1 << 20
