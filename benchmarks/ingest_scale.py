@@ -8,8 +8,9 @@ references, the duplicate check, clip ids re-derived), as a curation worker join
 running fleet would; it reports its rows/s (of its median batch; ``rows_per_s_all``:
 all its rows over all its batches plus closing the catalog, which writes the index
 keys still pending), its peak RSS, and two ways of answering one batch's duplicate
-check: the key index (:mod:`catalog.key_index`) and a pyiceberg scan pruned by an ``In`` row filter over
-files sorted by ``clip_id`` (compacted first; ``--skip-scan`` leaves it out).
+check: the key index (:mod:`catalog.key_index`) and a pyiceberg scan pruned by an
+``In`` row filter over files sorted by ``clip_id`` (compacted first; ``--skip-scan``
+leaves it out).
 
 The catalog is grown through ``add_clips`` (every check on) in batches of 100k clips.
 ``--seed-flush-keys N`` lets the growing process hold up to N clip keys back before it
