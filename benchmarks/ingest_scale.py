@@ -2,31 +2,42 @@
 
 One embedded catalog (SQLite + local warehouse in a temp dir) is grown to each size
 in ``--sizes`` (clips already in the catalog; ``--quick``: 50k, 200k, 800k; default 1M,
-4M, 16M). At zero and at each size a fresh process opens the catalog and ingests
-``--batches`` batches of ``--batch`` new clips (every rule on: asset references, the
-duplicate check, clip ids re-derived), as a curation worker joining a running fleet
-would; it reports its rows/s (of its median batch; ``rows_per_s_all``: all its rows over all
-its batches plus closing the catalog, which writes the index keys still pending), its
-peak RSS, and two ways of answering one batch's duplicate check: the key index
-(:mod:`catalog.key_index`) and a pyiceberg scan pruned by an ``In`` row filter over
-files sorted by ``clip_id`` (compacted first; ``--skip-scan`` leaves it out).
+4M, 16M). At each size (and into an empty catalog) a fresh process opens the catalog
+and ingests ``--batches`` batches of ``--batch`` new clips (every rule on: asset
+references, the duplicate check, clip ids re-derived), as a curation worker joining a
+running fleet would; it reports its rows/s (of its median batch; ``rows_per_s_all``:
+all its rows over all its batches plus closing the catalog, which writes the index
+keys still pending), its peak RSS, and two ways of answering one batch's duplicate
+check: the key index (:mod:`catalog.key_index`) and a pyiceberg scan pruned by an
+``In`` row filter over files sorted by ``clip_id`` (compacted first; ``--skip-scan``
+leaves it out).
 
 The catalog is grown through ``add_clips`` (every check on) in batches of 100k clips.
 ``--seed-flush-keys N`` lets the growing process hold up to N clip keys back before it
 writes them to the key index (default: the index's own bound, 2^20): the same catalog
-and the same index content and state, written as fewer, larger sorted batches (a
-faster seed for large sizes; the index's pages come out fuller than an index grown
-batch by batch).
+and the same index content and state, written as fewer, larger sorted runs (a faster
+seed for large sizes; the same keys, in runs merged by the same rule, though their
+number may differ: ``index_runs`` says).
 Prints one JSON line::
 
-    {"sizes", "batch", "batches", "seed_flush_keys", "load": [start, end], "runs":
-     [{"existing", "rows_per_s", "rows_per_s_all", "close_s", "rss_mb",
-     "index_lookup_s", "pruned_scan_s", "seed_s"}, ...], "rss_growth", "rate_ratio",
+    {"sizes", "batch", "batches", "pairs", "seed", "seed_flush_keys", "load": [start,
+     end], "runs": [{"existing", "rows_per_s", "rows_per_s_all", "close_s", "rss_mb",
+     "index_lookup_s", "index_runs", "pruned_scan_s", "seed_s", "empty":
+     {"rows_per_s", "rows_per_s_all", "rss_mb"}}, ...], "rss_growth", "rate_ratio",
      "rate_ratio_all"}
 
-``rss_growth`` = peak RSS at the largest catalog / at the smallest (goal: flat, ≤ 1.2);
-``rate_ratio`` = rows/s at the largest catalog / with no clips (goal ≥ 0.7);
-``rate_ratio_all`` the same of ``rows_per_s_all``.
+``index_lookup_s``: one 10k-key duplicate check of new clips in the fresh process
+(:meth:`catalog.key_index.KeyStore.has`); ``index_runs``: the clip keys' run files
+then (:mod:`catalog.key_runs`).
+
+Each sized run is paired with a run of the same kind into a fresh catalog that holds
+only the assets (``empty``), measured just before it, so a shared box's load shifts
+both alike; ``--pairs N`` measures N such pairs per size.
+
+``rss_growth`` = peak RSS at the largest catalog / at the smallest (medians; goal:
+flat, ≤ 1.2); ``rate_ratio`` = rows/s at the largest catalog / with no clips (the
+median over its pairs of sized / empty; goal ≥ 0.7); ``rate_ratio_all`` the same of
+``rows_per_s_all``.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -132,6 +144,7 @@ def _child(config_json: str, shift: float, batch: int, batches: int, scan: bool)
         t0 = time.perf_counter()
         cat._keys.has("clips", probe)
         index_s = time.perf_counter() - t0
+        runs = len(cat._keys._runs.listed(cat._keys._db(), "clips"))
         t0 = time.perf_counter()
         cat._keys.close()  # writes the keys still pending: part of the ingest's cost
         close_s = time.perf_counter() - t0
@@ -142,6 +155,7 @@ def _child(config_json: str, shift: float, batch: int, batches: int, scan: bool)
             "close_s": round(close_s, 3),
             "rss_mb": round(rss, 1),
             "index_lookup_s": round(index_s, 4),
+            "index_runs": runs,
         }
         if not scan:
             return out
@@ -166,9 +180,9 @@ def _peak_rss_mb() -> float:
 
 
 def _measure(
-    config: CatalogConfig, existing: int, batch: int, batches: int, scan: bool
+    config: CatalogConfig, existing: int, batch: int, batches: int, scan: bool, turn: int = 0
 ) -> dict[str, Any]:
-    shift = 1000.0 * (1 + existing)  # each run's clips are new
+    shift = 1000.0 * (1 + existing) + 100.0 * turn  # each run's clips are new
     out = subprocess.run(
         [
             sys.executable,
@@ -189,33 +203,65 @@ def _measure(
     return {"existing": existing, **json.loads(out.stdout.strip().splitlines()[-1])}
 
 
+def _empty(root: Path, floor: int, batch: int, batches: int, scan: bool) -> dict[str, Any]:
+    """One fresh ingest process into a fresh catalog holding only the assets."""
+    config = CatalogConfig.embedded(root, eval_fraction=0.0)
+    _grow(config, 0, 0, 0, floor)
+    try:
+        return _measure(config, 0, batch, batches, scan)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def run(
-    root: Path, sizes: list[int], batch: int, batches: int, flush: int = 0, scan: bool = True
+    root: Path,
+    sizes: list[int],
+    batch: int,
+    batches: int,
+    flush: int = 0,
+    scan: bool = True,
+    pairs: int = 1,
 ) -> dict[str, Any]:
     load = [round(os.getloadavg()[0], 2)]
-    config = CatalogConfig.embedded(root, eval_fraction=0.0)
+    config = CatalogConfig.embedded(root / "lake", eval_fraction=0.0)
     VidlakeCatalog.open(config).close()
     floor = -(-(batches + 1) * batch // CLIPS_PER_ASSET)  # the assets new clips need
     assets = _grow(config, 0, 0, 0, floor)
-    runs, have = [_measure(config, 0, batch, batches, scan)], 0
+    runs, have = [], 0
     for size in sizes:
         t0 = time.perf_counter()
         assets = _grow(config, have, size, assets, flush=flush)
         seed_s = round(time.perf_counter() - t0, 1)
         have = size
-        runs.append({**_measure(config, size, batch, batches, scan), "seed_s": seed_s})
+        for turn in range(pairs):  # each sized run next to an empty-catalog run
+            empty = _empty(root / f"empty-{size}-{turn}", floor, batch, batches, scan)
+            runs.append({**_measure(config, size, batch, batches, scan, turn), "seed_s": seed_s})
+            runs[-1]["empty"] = {k: empty[k] for k in ("rows_per_s", "rows_per_s_all", "rss_mb")}
     load.append(round(os.getloadavg()[0], 2))
+    last = [r for r in runs if r["existing"] == sizes[-1]]
+    first = [r for r in runs if r["existing"] == sizes[0]]
     return {
         "sizes": sizes,
         "batch": batch,
         "batches": batches,
+        "pairs": pairs,
+        "seed": f"add_clips, {FILL_BATCH} clips a batch",
         "seed_flush_keys": flush or None,
         "load": load,
         "runs": runs,
-        "rss_growth": round(runs[-1]["rss_mb"] / runs[1]["rss_mb"], 3),
-        "rate_ratio": round(runs[-1]["rows_per_s"] / runs[0]["rows_per_s"], 3),
-        "rate_ratio_all": round(runs[-1]["rows_per_s_all"] / runs[0]["rows_per_s_all"], 3),
+        "rss_growth": round(_median(last, "rss_mb") / _median(first, "rss_mb"), 3),
+        "rate_ratio": _ratio(last, "rows_per_s"),
+        "rate_ratio_all": _ratio(last, "rows_per_s_all"),
     }
+
+
+def _median(runs: list[dict[str, Any]], key: str) -> float:
+    return float(np.median([r[key] for r in runs]))
+
+
+def _ratio(runs: list[dict[str, Any]], key: str) -> float:
+    """The median over pairs of (sized run / its empty-catalog run)."""
+    return round(float(np.median([r[key] / r["empty"][key] for r in runs])), 3)
 
 
 def main() -> None:
@@ -228,6 +274,9 @@ def main() -> None:
         "--seed-flush-keys", type=int, default=0, help="index keys the seed holds back"
     )
     parser.add_argument("--skip-scan", action="store_true", help="no pruned-scan comparison")
+    parser.add_argument(
+        "--pairs", type=int, default=1, help="(empty, sized) run pairs per size (a noisy box)"
+    )
     parser.add_argument("--tmp", help="parent directory of the catalog (default: the system's)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -240,7 +289,13 @@ def main() -> None:
     sizes = [50_000, 200_000, 800_000] if args.quick else [int(s) for s in args.sizes.split(",")]
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         result = run(
-            Path(tmp), sizes, args.batch, args.batches, args.seed_flush_keys, not args.skip_scan
+            Path(tmp),
+            sizes,
+            args.batch,
+            args.batches,
+            args.seed_flush_keys,
+            not args.skip_scan,
+            args.pairs,
         )
         print(json.dumps(result))
 

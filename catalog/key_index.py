@@ -4,9 +4,12 @@ without a whole table's keys in RAM.
 One SQLite file per catalog (WAL mode, a bounded page cache) holds, per *view*, the
 keys of one Iceberg table at one snapshot (:mod:`catalog.key_index_rows` says what):
 ``assets``, ``clips``, ``latents`` and ``near_dup_events`` (the ``near_duplicate``
-rows of ``asset_events``). Its ``meta`` row records the table's uuid and the snapshot
-the view holds, written in the same transaction as the keys, so a crash mid-write
-leaves the previous, consistent state.
+rows of ``asset_events``). The ``clips`` and ``latents`` keys live in sorted run files
+beside it (:mod:`catalog.key_runs`; a probe reads one block per key and run, where a
+B-tree read a random leaf), which its ``runs`` table names. A view's ``meta`` row
+records the table's uuid and the snapshot the view holds, written in the same
+transaction as its keys (or the rows naming its runs), so a crash mid-write leaves
+the previous, consistent state.
 
 It is a cache of committed state, never ahead of Iceberg: :meth:`KeyStore.sync`
 brings a view to the table's current snapshot by scanning only the files appended
@@ -27,9 +30,11 @@ chain of ours, and at :meth:`KeyStore.close`; the index plus them is the view at
 last commit, and they are dropped, not written, once another writer's sync moved the
 index on (it read our appended files itself).
 
-Look-ups and inserts take a whole batch in one statement: the digests go in as one
-packed blob (:class:`~catalog.key_index_rows.Packed`) that a recursive CTE reads key by
-key, so there is no Python object, parameter or statement text per key. Keys our own
+Look-ups and inserts take a whole batch in one statement (SQLite views) or one pass
+per run (run views): the digests go in as one packed blob
+(:class:`~catalog.key_index_rows.Packed`) that a recursive CTE reads key by key, or
+that numpy searches, so there is no Python object, parameter or statement text per
+key. Keys our own
 commits added are also answered from bounded memory (:mod:`catalog.key_index_recent`),
 emptied whenever the view's history is anything but appends.
 
@@ -39,7 +44,9 @@ verified against the stored frames, and groups are read by walking ``edges`` fro
 matched assets, so memory follows the batch and its groups, not the catalog.
 
 A damaged file (truncated, overwritten, not SQLite: ``SQLITE_CORRUPT``,
-``SQLITE_NOTADB``) is discarded with a warning and rebuilt from the tables; a lookup
+``SQLITE_NOTADB``; a run file missing or failing its checksums,
+:class:`~catalog.key_runs.RunDamaged`) is discarded, with the run files, with a
+warning and rebuilt from the tables; a lookup
 that meets the damage rebuilds the views before it answers, so a damaged index never
 answers "absent" for a committed key (every view is rebuilt, not only the one read).
 """
@@ -77,20 +84,25 @@ from catalog.key_index_rows import (
     Packed,
     Writes,
     digests,
-    insert_keys,
     packed_digests,
     rows_for,
     view_keys,
 )
+from catalog.key_runs import CHUNK_KEYS, KeyRuns, RunDamaged
+from catalog.key_runs import SCHEMA as RUNS_SCHEMA
 from catalog.keycache import snapshot_id
 
 __all__ = ["VIEWS", "KeyStore", "Matches", "View", "index_path"]
 
 #: The views :meth:`KeyStore.has` looks keys up in (each a table of the same name).
 _KEYED = frozenset({"assets", "clips", "latents"})
-#: The views whose keys a writer's commits hold back and write in larger sorted
-#: batches (:mod:`catalog.key_index_pending`).
+#: The views whose keys live in sorted run files (:mod:`catalog.key_runs`), and
+#: that a writer's commits hold back and write in larger sorted batches
+#: (:mod:`catalog.key_index_pending`).
 _DEFERRED = frozenset({"clips", "latents"})
+#: The file layout version (``PRAGMA user_version``): 2 moved the ``clips`` and
+#: ``latents`` keys from SQLite tables to run files.
+_LAYOUT = 2
 log = logging.getLogger(__name__)
 R = TypeVar("R")
 #: SQLite's result codes of a damaged file: SQLITE_CORRUPT, SQLITE_NOTADB.
@@ -178,6 +190,7 @@ class KeyStore:
         self._pid = 0
         self._recent = RecentKeys()
         self._pending = PendingKeys()
+        self._runs = KeyRuns(Path(f"{path}.runs"))
         self.flush_keys = FLUSH_KEYS
 
     # -- connection ---------------------------------------------------------------
@@ -201,9 +214,25 @@ class KeyStore:
             # Deleted rows are zeroed on disk, not left in free pages: an erased
             # asset's id and fingerprint must not survive in this file (purge).
             conn.execute("PRAGMA secure_delete = ON")
-            conn.executescript(SCHEMA)
+            conn.executescript(SCHEMA + RUNS_SCHEMA)
+            self._runs.close()  # a forked child reopens its runs too
             self._conn, self._pid = conn, os.getpid()
+            self._opened(conn)
         return self._conn
+
+    def _opened(self, conn: sqlite3.Connection) -> None:
+        """Upgrade a file of an older layout (its clip and latent views are rebuilt),
+        and remove run files no transaction names (a crash's orphans)."""
+        old = conn.execute("PRAGMA user_version").fetchone()[0] < _LAYOUT
+        if not old and not self._runs.unnamed(conn):
+            return  # the common case: no write lock to wait for
+        with self._write() as txn:
+            if txn.execute("PRAGMA user_version").fetchone()[0] < _LAYOUT:
+                txn.execute("DROP TABLE IF EXISTS clips")
+                txn.execute("DROP TABLE IF EXISTS latents")
+                txn.execute("DELETE FROM meta WHERE view IN ('clips', 'latents')")
+                txn.execute(f"PRAGMA user_version = {_LAYOUT}")
+            self._runs.sweep(txn)
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -212,11 +241,13 @@ class KeyStore:
         conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn
+            conn.execute("COMMIT")
         except BaseException:
             with suppress(sqlite3.Error):  # a damaged file may refuse even this
                 conn.execute("ROLLBACK")
+            self._runs.rolled_back()
             raise
-        conn.execute("COMMIT")
+        self._runs.committed()
 
     def close(self) -> None:
         """Write the keys still pending, then close this process's connection (the
@@ -235,6 +266,7 @@ class KeyStore:
             if self._conn is not None and self._pid == os.getpid():
                 self._conn.close()
             self._conn = None
+            self._runs.close()
 
     def purge(self) -> None:
         """Empty every view (deleted content zeroed), and truncate the WAL, so that no
@@ -243,10 +275,14 @@ class KeyStore:
         erasure's rewrite is not an append.)"""
         with self._lock:
             with self._write() as conn:
-                for statements in CLEAR.values():
+                for view, statements in CLEAR.items():
                     for statement in statements:
                         conn.execute(statement)
+                    if view in _DEFERRED:
+                        self._runs.clear(conn, view)
                 conn.execute("DELETE FROM meta")
+            with self._write() as conn:
+                self._runs.sweep(conn)
             self._recent.clear()
             self._pending.clear()
             self._db().execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -256,21 +292,21 @@ class KeyStore:
         have synced others it is about to read) and call ``fn`` again."""
         try:
             return fn()
-        except sqlite3.DatabaseError as exc:
-            if not _damaged(exc):
+        except (sqlite3.DatabaseError, RunDamaged) as exc:
+            if isinstance(exc, sqlite3.DatabaseError) and not _damaged(exc):
                 raise
             self._discard(exc)
         try:
             for view in VIEWS:
                 self._sync(view, None)
             return fn()
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, RunDamaged) as exc:
             raise StorageError(
                 f"key index {self.path} is still unusable after a rebuild: {exc}",
                 path=str(self.path),
             ) from exc
 
-    def _discard(self, exc: sqlite3.DatabaseError) -> None:
+    def _discard(self, exc: Exception) -> None:
         log.warning("key index %s is damaged (%s): rebuilding it from the tables", self.path, exc)
         with self._lock:
             self._pending.clear()
@@ -280,6 +316,7 @@ class KeyStore:
                 self._conn = None
             for suffix in ("", "-wal", "-shm"):
                 Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            self._runs.discard()
             self._recent.clear()
 
     # -- keeping views current ----------------------------------------------------
@@ -301,6 +338,7 @@ class KeyStore:
                 if meta != self._wanted(target):
                     with self._write() as conn:
                         meta = self._sync_locked(conn, view, spec, target)
+                    self._settle(view)
             except BACKEND_ERRORS as exc:
                 raise StorageError(f"reading {spec.table} failed: {exc}", table=spec.table) from exc
             if view in _KEYED:
@@ -332,8 +370,14 @@ class KeyStore:
         with self._write() as conn:
             if self._meta(conn, view) != pending.base:
                 return
-            _run(conn, insert_keys(view, pending.packed()))
+            self._runs.add(conn, view, pending.packed())
             _set_meta(conn, view, pending.head)
+        self._settle(view)
+
+    def _settle(self, view: str) -> None:
+        """Merge ``view``'s runs as :mod:`catalog.key_runs` asks (none for SQLite views)."""
+        if view in _DEFERRED:
+            self._runs.settle(view, self._db, self._write)
 
     def _wanted(self, tbl: Table) -> tuple[str, int | None, str]:
         return str(tbl.metadata.table_uuid), snapshot_id(tbl), self._rule_key
@@ -358,15 +402,15 @@ class KeyStore:
         runs = None
         if meta is not None and meta[0] == wanted[0] and meta[2] == wanted[2]:
             runs = _append_runs(tbl, meta[1], wanted[1])
+        sink = _Sink(view, conn, self._runs, self._rule)
         if runs is None:
-            for statement in CLEAR[view]:
-                conn.execute(statement)
+            sink.clear()
             if wanted[1] is not None:
                 scan = tbl.scan(
                     row_filter=spec.row_filter, selected_fields=spec.columns, snapshot_id=wanted[1]
                 )
                 for batch in scan.to_arrow_batch_reader():
-                    _run(conn, rows_for(view, pa.Table.from_batches([batch]), self._rule))
+                    sink.add(pa.Table.from_batches([batch]))
         else:
             for since, until in runs:
                 added = tbl.incremental_append_scan(
@@ -375,7 +419,8 @@ class KeyStore:
                     row_filter=spec.row_filter,
                     selected_fields=spec.columns,
                 ).to_arrow()
-                _run(conn, rows_for(view, added, self._rule))
+                sink.add(added)
+        sink.close()
         _set_meta(conn, view, wanted)
         return wanted
 
@@ -405,9 +450,12 @@ class KeyStore:
             meta = self._meta(conn, view)
             if meta is None or meta[1] != base or meta[2] != self._rule_key:
                 return
-            plain = groups if view != "assets" else None
-            _run(conn, rows_for(view, rows.select(list(spec.columns)), self._rule, plain))
+            if view in _DEFERRED:
+                self._runs.add(conn, view, groups or [])
+            else:
+                _run(conn, rows_for(view, rows.select(list(spec.columns)), self._rule))
             _set_meta(conn, view, (meta[0], new, meta[2]))
+        self._settle(view)
         if groups is not None:
             self._recent.added(view, meta, (meta[0], new, meta[2]), groups)
 
@@ -453,6 +501,7 @@ class KeyStore:
             f"{SERIES}SELECT i FROM s WHERE {test}"
             f" (SELECT 1 FROM {view} WHERE k = substr(?1, i * ?3 + 1, ?3))"
         )
+        in_runs = view in _DEFERRED
         with self._lock:
             conn = self._db()
             for group in (p for g in packed_digests(keys) for p in g.parts()):
@@ -465,6 +514,9 @@ class KeyStore:
                     continue
                 # In key order: neighbouring probes share B-tree pages (~30 % faster).
                 rest = group.take(np.flatnonzero(~known)).sorted()
+                if in_runs:
+                    out[rest.rows] = self._runs.has(conn, view, rest)
+                    continue
                 hits = np.fromiter((r[0] for r in conn.execute(query, rest.params)), np.int64)
                 if expect:
                     out[rest.rows] = True
@@ -603,6 +655,40 @@ def _run(conn: sqlite3.Connection, writes: Writes) -> None:
             conn.execute(statement, rows.params)
         else:
             conn.executemany(statement, rows)
+
+
+class _Sink:
+    """A sync's rows of one view, written as they are read: SQLite rows, or (clips,
+    latents) runs of up to :data:`~catalog.key_runs.CHUNK_KEYS` keys each."""
+
+    def __init__(
+        self, view: str, conn: sqlite3.Connection, runs: KeyRuns, rule: rules.NearDupRule
+    ) -> None:
+        self.view, self.conn, self.runs, self.rule = view, conn, runs, rule
+        self._held: list[Packed] = []
+        self._count = 0
+
+    def clear(self) -> None:
+        for statement in CLEAR[self.view]:
+            self.conn.execute(statement)
+        if self.view in _DEFERRED:
+            self.runs.clear(self.conn, self.view)
+
+    def add(self, rows: pa.Table) -> None:
+        if self.view not in _DEFERRED:
+            _run(self.conn, rows_for(self.view, rows, self.rule))
+            return
+        groups = packed_digests(view_keys(self.view, rows))
+        self._held += groups
+        self._count += sum(len(g.rows) for g in groups)
+        if self._count >= CHUNK_KEYS:
+            self.close()
+
+    def close(self) -> None:
+        """Write the keys still held as runs."""
+        if self._held:
+            self.runs.add(self.conn, self.view, self._held)
+        self._held, self._count = [], 0
 
 
 def _set_meta(conn: sqlite3.Connection, view: str, meta: tuple[str, int | None, str]) -> None:

@@ -1,10 +1,10 @@
 """Keys of this process's own commits not yet written to the on-disk key index.
 
-Inserting a batch of random keys into the index's B-tree dirties about one page per
-key once the tree is larger than the batch (a 10k-key batch into 4M keys: 16 µs a key,
-most of a clip batch's time), however the batch is sorted. The same keys written as one
-larger sorted batch share pages: 1M keys into 4M cost 3.5 µs a key
-(docs/decisions/039-write-behind-key-index.md). So a writer's commits of
+Each write to the index is a transaction, and (since the keys moved to sorted run
+files, :mod:`catalog.key_runs`) a new run that later merges rewrite; a run per small
+commit would also make a probe read more runs. (Into SQLite's B-tree, a 10k-key batch
+into 4M keys cost 16 µs a key, 1M keys 3.5 µs:
+docs/decisions/039-write-behind-key-index.md.) So a writer's commits of
 ``clips`` and ``latents`` keys are held here, in bounded memory, and written to the
 index in one transaction when :data:`FLUSH_KEYS` have gathered, when the chain of its
 own commits is broken by another writer's, and when the catalog closes.

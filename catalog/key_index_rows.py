@@ -5,8 +5,8 @@ rows of the index's SQLite tables, and the index's schema:
 
 ============ =================================================================
 ``assets``   key digest, ``asset_id``, ``split``, bitrate, leading fingerprint frames
-``clips``    key digest of ``clip_id``
-``latents``  key digest of (clip, rung, tokenizer, member SHA-256)
+``clips``    key digest of ``clip_id`` (in run files, :mod:`catalog.key_runs`)
+``latents``  key digest of (clip, rung, tokenizer, member SHA-256) (run files too)
 ``edges``    recorded near-duplicate links, both directions, by source (``a``: the
              assets' ``near_duplicates``/``duplicate_of``; ``e``: link events)
 ``nd_keys``  the near-duplicate search keys of every asset, compact
@@ -41,7 +41,6 @@ __all__ = [
     "Packed",
     "Writes",
     "digests",
-    "insert_keys",
     "packed_digests",
     "rows_for",
     "view_keys",
@@ -112,8 +111,6 @@ CREATE TABLE IF NOT EXISTS meta (
 CREATE TABLE IF NOT EXISTS assets (
     k BLOB PRIMARY KEY, asset_id TEXT NOT NULL, split TEXT, bitrate REAL, frames BLOB
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS clips (k BLOB PRIMARY KEY) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS latents (k BLOB PRIMARY KEY) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS edges (
     a TEXT NOT NULL, b TEXT NOT NULL, src TEXT NOT NULL, PRIMARY KEY (a, b, src)
 ) WITHOUT ROWID;
@@ -123,8 +120,8 @@ SCHEMA += neardup_index.SCHEMA
 #: The statements that empty one view before a rebuild.
 CLEAR: dict[str, tuple[str, ...]] = {
     "assets": ("DELETE FROM assets", neardup_index.CLEAR, "DELETE FROM edges WHERE src = 'a'"),
-    "clips": ("DELETE FROM clips",),
-    "latents": ("DELETE FROM latents",),
+    "clips": (),  # run files (catalog.key_runs): cleared by the index itself
+    "latents": (),
     "near_dup_events": ("DELETE FROM edges WHERE src = 'e'",),
 }
 
@@ -203,24 +200,15 @@ def view_keys(view: str, rows: pa.Table) -> pa.Array | pa.ChunkedArray:
     return rows["asset_id" if view == "assets" else "clip_id"]
 
 
-def rows_for(
-    view: str, rows: pa.Table, rule: rules.NearDupRule, keys: list[Packed] | None = None
-) -> Writes:
-    """The index rows of ``rows`` (a table's key columns) for ``view``; ``keys``:
-    their :func:`packed_digests` when the caller has them (clips, latents)."""
-    if view in ("clips", "latents"):
-        return insert_keys(view, packed_digests(view_keys(view, rows)) if keys is None else keys)
+def rows_for(view: str, rows: pa.Table, rule: rules.NearDupRule) -> Writes:
+    """The SQLite rows of ``rows`` (a table's key columns) for ``view`` (``assets``,
+    ``near_dup_events``; the ``clips`` and ``latents`` keys are run files,
+    :mod:`catalog.key_runs`)."""
     if view == "near_dup_events":
         links = rows.filter(pc.equal(rows["event"], "near_duplicate"))
         pairs = _pairs(links["asset_id"].to_pylist(), links["related_asset_id"].to_pylist())
         return [("INSERT OR IGNORE INTO edges VALUES (?, ?, 'e')", pairs)]
     return _asset_rows(rows, rule)
-
-
-def insert_keys(table: str, keys: list[Packed]) -> Writes:
-    """One-column rows of key digests, one statement per digest width, in key order."""
-    insert = f"{SERIES}INSERT OR IGNORE INTO {table} SELECT substr(?1, i * ?3 + 1, ?3) FROM s"
-    return [(insert, part) for group in keys for part in group.sorted().parts()]
 
 
 def _pairs(a: list[Any], b: list[Any]) -> Iterator[tuple[str, str]]:

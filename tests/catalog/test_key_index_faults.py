@@ -115,3 +115,58 @@ def test_damage_under_an_open_catalog_never_lets_a_duplicate_in(tmp_path: Path, 
         again = cat.add_assets([asset(i) for i in range(8)])
         assert (again.inserted, again.duplicates) == (2, 6)
         assert cat.scan("clips", include_eval=True).num_rows == before + 2
+
+
+def _run_files(config: CatalogConfig) -> list[Path]:
+    return sorted(Path(f"{index_path(config)}.runs").glob("clips-*.run"))
+
+
+def _key_byte(path: Path) -> None:
+    """Flip one byte of the first key (after the 32-byte header)."""
+    data = bytearray(path.read_bytes())
+    data[32 + 3] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+RUN_FAULTS = {**FAULTS, "key byte": _key_byte}
+
+
+@pytest.mark.parametrize("fault", ["deleted", "truncated", "garbage", "key byte"])
+def test_a_damaged_run_file_never_lets_a_duplicate_in(tmp_path: Path, fault: str) -> None:
+    """The clip keys' run files (catalog/key_runs.py) damaged between two ingests:
+    the lookup that meets the damage rebuilds the index from the tables."""
+    config = CatalogConfig.embedded(tmp_path / "lake")
+    with VidlakeCatalog.open(config) as cat:
+        ingest(cat, 0, 6, 3)
+        before = cat.scan("clips", include_eval=True).num_rows
+    runs = _run_files(config)
+    assert runs
+    for path in runs:
+        RUN_FAULTS[fault](path)
+    with VidlakeCatalog.open(config) as cat:
+        res = cat.add_clips([clip(i, k) for i in range(3, 6) for k in range(4)])
+        assert (res.inserted, res.duplicates) == (6, 6)  # k = 2, 3 are new
+        assert cat.scan("clips", include_eval=True).num_rows == before + 6
+
+
+def test_an_index_of_the_old_layout_is_rebuilt(tmp_path: Path) -> None:
+    """A file from before the run files (clip keys in a SQLite table, user_version
+    0): its clip and latent views are dropped and rebuilt, the others kept."""
+    import sqlite3
+
+    config = CatalogConfig.embedded(tmp_path / "lake")
+    with VidlakeCatalog.open(config) as cat:
+        ingest(cat, 0, 4, 2)
+    path = index_path(config)
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA user_version = 0")
+    conn.execute("CREATE TABLE clips (k BLOB PRIMARY KEY) WITHOUT ROWID")
+    conn.execute("DELETE FROM runs")
+    conn.close()
+    with VidlakeCatalog.open(config) as cat:
+        res = cat.add_clips([clip(i, k) for i in range(4) for k in range(3)])
+        assert (res.inserted, res.duplicates) == (4, 8)
+    conn = sqlite3.connect(path)
+    names = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "clips" not in names and conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    conn.close()
