@@ -10,7 +10,7 @@ batch is one pass per run: the in-memory fence (the first 8 bytes of every
 than :data:`GAP` blocks apart in one read), and a binary search of every key at once
 within its block (numpy steps over the whole batch) answers them all. A probe costs one block
 read per key and run, not a B-tree leaf per key as in SQLite (3x cheaper at 16M
-keys, docs/decisions/041-keyruns-sorted-runs.md); no mmap, so the file's pages do
+keys, docs/decisions/042-sorted-key-runs.md); no mmap, so the file's pages do
 not count in the process's RSS.
 
 File layout (little-endian): a 32-byte header (magic, width, block, count), the
