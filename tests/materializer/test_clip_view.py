@@ -152,7 +152,9 @@ def _empty_inputs(con: duckdb.DuckDBPyConnection) -> None:
     )
 
 
-def _operators(node: dict[str, Any], parent: str | None = None) -> list[tuple[str, Any]]:
+def _operators(
+    node: dict[str, Any], parent: str | None = None
+) -> list[tuple[str, str | None, Any]]:
     """(name, parent name, extra info) of every operator of an ``EXPLAIN (FORMAT json)``."""
     found = [(node["name"], parent, node.get("extra_info", {}))]
     for child in node.get("children", []):
