@@ -201,3 +201,49 @@ def test_kept_rows_are_gathered_in_the_stable_key_order() -> None:
     keep = pa.chunked_array([rng.random(n) < 0.6])
     expected = table.filter(keep).sort_by([("rung", "ascending"), ("clip_id", "ascending")])
     assert _kept_sorted(table, keep).equals(expected)
+
+
+REFERENCE_ASSETS = """
+SELECT * FROM raw_assets
+QUALIFY row_number() OVER (PARTITION BY asset_id ORDER BY asset_id) = 1
+ORDER BY asset_id
+"""
+
+
+def test_the_asset_view_keeps_one_row_of_a_repeated_asset() -> None:
+    """An asset written twice (the same row) is one row of the asset view, as the
+    window over every asset made it; the others pass as they are."""
+    from catalog.tables import TABLES, arrow_schema
+    from materializer.asset_side import asset_view
+
+    rng = np.random.default_rng(11)
+    ids = [f"{i:064x}" for i in rng.integers(0, 300, 500)]  # ~40 % repeated
+    schema = arrow_schema(TABLES["assets"].schema)
+    columns = SCAN_COLUMNS["assets"]
+    assets = pa.table(
+        {
+            "asset_id": ids,
+            "source": [f"s{int(i, 16) % 3}" for i in ids],
+            "source_tier": ["crawl"] * len(ids),
+            "license_id": ["lic"] * len(ids),
+            "territory": ["US"] * len(ids),
+            "pii_class": [None] * len(ids),
+            "probe_codec": ["h264"] * len(ids),
+            "probe_bitrate": [int(i, 16) for i in ids],
+            "split": ["train"] * len(ids),
+            "duplicate_of": [None] * len(ids),
+            "near_duplicates": [None] * len(ids),
+        }
+    ).cast(pa.schema([schema.field(c) for c in columns]))
+    tables = {
+        "assets": assets,
+        "tombstones": arrow_schema(TABLES["tombstones"].schema).empty_table(),
+        "asset_events": arrow_schema(TABLES["asset_events"].schema).empty_table(),
+    }
+    con = duckdb.connect()
+    view = asset_view(con, tables)
+    con.register("raw_assets", assets)
+    reference = con.sql(REFERENCE_ASSETS).to_arrow_table()
+    assert view.num_rows == len(set(ids)) < len(ids)
+    assert view["asset_id"].to_pylist() == reference["asset_id"].to_pylist()
+    assert view["probe_bitrate"].to_pylist() == reference["probe_bitrate"].to_pylist()
