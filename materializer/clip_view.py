@@ -48,12 +48,16 @@ WHERE c.split = 'eval' OR a.split = 'eval' ORDER BY c.clip_id
 #: One row per asset of ``raw_assets``, sorted by ``asset_id``: the view's asset
 #: columns, its links, and whether it is tombstoned or quarantined. Every input row
 #: is keyed by ``asset_id``, so any ``asset_id`` range of the inputs gives that range
-#: of the answer.
+#: of the answer. Only ids with several rows (``adup``) go through the window that
+#: keeps one: ranking every asset sorted all of them.
 ASSET_VIEW_SQL = """
 WITH
+  adup AS (SELECT asset_id FROM raw_assets GROUP BY asset_id HAVING count(*) > 1),
   assets AS (
-    SELECT * FROM raw_assets
-    QUALIFY row_number() OVER (PARTITION BY asset_id ORDER BY asset_id) = 1
+    SELECT a.* FROM raw_assets a ANTI JOIN adup USING (asset_id)
+    UNION ALL
+    SELECT a.* FROM raw_assets a SEMI JOIN adup USING (asset_id)
+    QUALIFY row_number() OVER (PARTITION BY a.asset_id ORDER BY a.asset_id) = 1
   ),
   tomb AS (SELECT DISTINCT asset_id FROM raw_tombstones),
   quar AS (
@@ -105,6 +109,26 @@ ORDER BY av.asset_id
 """
 
 
+#: ``lat``: the latest latent row of each (clip, rung) of the recipe's tokenizer, ties
+#: to the smallest object and member SHA-256. Almost every key has one row, so only the
+#: keys with several (``dup``) go through the window: ranking every row sorted all
+#: of them and cost twice the rest of the latent side.
+_LATEST_LATENT_SQL = """dup AS (
+    SELECT clip_id, rung FROM raw_latents WHERE tokenizer_version = $tokenizer
+    GROUP BY clip_id, rung HAVING count(*) > 1
+  ),
+  lat AS (
+    SELECT l.* FROM raw_latents l ANTI JOIN dup USING (clip_id, rung)
+    WHERE l.tokenizer_version = $tokenizer
+    UNION ALL
+    SELECT l.* FROM raw_latents l SEMI JOIN dup USING (clip_id, rung)
+    WHERE l.tokenizer_version = $tokenizer
+    QUALIFY row_number() OVER (
+      PARTITION BY l.clip_id, l.rung ORDER BY l.ingested_at DESC, l.object_sha256, l.member_sha256
+    ) = 1
+  )"""
+
+
 def candidate_params(recipe: Recipe) -> dict[str, Any]:
     """The parameters of :func:`candidate_sql` for ``recipe``."""
     params: dict[str, Any] = {
@@ -112,6 +136,8 @@ def candidate_params(recipe: Recipe) -> dict[str, Any]:
         "caption_version": recipe.captions.version,
         "kinds": list(recipe.captions.kinds),
     }
+    for i, kind in enumerate(recipe.captions.kinds):
+        params[f"kind{i}"] = kind
     for i, (name, version) in enumerate(recipe.score_versions().items()):
         params[f"score{i}_name"] = name
         params[f"score{i}_version"] = version
@@ -134,32 +160,16 @@ def candidate_sql(recipe: Recipe) -> str:
         for i, n in enumerate(versions)
     )
     score_view_cols = "".join(f", s.score_{n}" for n in versions)
-    kinds_order = "list_position($kinds::VARCHAR[], kind)"
     tier_expr, stream_case, match_flags = _tier_and_streams(recipe)
     return f"""
 WITH
   assets AS (SELECT * FROM raw_asset_view),
-  lat AS (
-    SELECT * FROM raw_latents WHERE tokenizer_version = $tokenizer
-    QUALIFY row_number() OVER (
-      PARTITION BY clip_id, rung ORDER BY ingested_at DESC, object_sha256, member_sha256
-    ) = 1
-  ),
+  {_LATEST_LATENT_SQL},
   s AS (
     SELECT clip_id{", " + score_cols if score_cols else ""}
     FROM raw_scores WHERE {score_pairs or "FALSE"} GROUP BY clip_id
   ),
-  cap1 AS (
-    SELECT clip_id, kind, arg_max(text, ingested_at) AS text,
-           arg_max(text_embedding_sha256, ingested_at) AS emb, {kinds_order} AS pos
-    FROM raw_captions WHERE caption_version = $caption_version AND {kinds_order} > 0
-    GROUP BY clip_id, kind
-  ),
-  cap AS (
-    SELECT clip_id, list(text ORDER BY pos) AS captions,
-           list(emb ORDER BY pos) AS text_embedding_sha256, count(*)::INTEGER AS caption_count
-    FROM cap1 GROUP BY clip_id
-  ),
+  cap AS ({_captions_sql(len(recipe.captions.kinds))}),
   rungs(rung) AS (VALUES {rung_values}),
   base AS (
     SELECT
@@ -181,11 +191,60 @@ WITH
     LEFT JOIN cap ON cap.clip_id = c.clip_id
   ),
   tiered AS (SELECT *, {tier_expr} AS tier, {match_flags} FROM base)
-SELECT *, NULL::INTEGER AS stream FROM tiered
-WHERE drop_reason IS NOT NULL
-UNION ALL BY NAME
-SELECT *, CASE {stream_case} ELSE NULL END AS stream FROM tiered WHERE drop_reason IS NULL
+SELECT * REPLACE ({_KEPT_ONLY_SQL}),
+  CASE WHEN drop_reason IS NULL THEN (CASE {stream_case} ELSE NULL END) END AS stream
+FROM tiered
 """
+
+
+#: The text and list columns that only kept rows carry: a dropped row is counted (its
+#: reason and ``_match_<i>`` flags) and read by backfill coverage (clip, tier, flags,
+#: scores, ``caption_count``: :mod:`materializer.coverage`), never served, so it
+#: brings nothing else out of DuckDB (about 40 % of a cut's candidate rows).
+_KEPT_ONLY = (
+    "asset_id", "source", "license_id", "territory", "pii_class", "codec", "format",
+    "object_sha256", "member_sha256", "tensor_keys", "latent_job_id", "clip_job_id",
+    "captions", "text_embedding_sha256",
+)  # fmt: skip
+_KEPT_ONLY_SQL = ", ".join(
+    f'CASE WHEN drop_reason IS NULL THEN "{c}" END AS "{c}"' for c in _KEPT_ONLY
+)
+
+
+def _captions_sql(kinds: int) -> str:
+    """One row per clip with captions of the version: ``captions`` (the latest text of
+    each kind it has, in the recipe's order of kinds), ``text_embedding_sha256`` (the
+    latest non-null one of each such kind) and ``caption_count`` (the kinds it has).
+
+    One pass over the caption rows, one aggregate pair per kind (``$kind<i>``), the way
+    the scores are pivoted: an ordered ``list`` per clip over a (clip, kind) grouping
+    sorted every group and cost most of the join. ``text`` is never null, so a kind's
+    text is null exactly when the clip has no row of that kind.
+    """
+    cols = ", ".join(
+        f"arg_max(text, ingested_at) FILTER (WHERE kind = $kind{i}) AS t{i}, "
+        f"arg_max(text_embedding_sha256, ingested_at) FILTER (WHERE kind = $kind{i}) AS e{i}"
+        for i in range(kinds)
+    )
+
+    def present(values: str) -> str:
+        parts = ", ".join(
+            f"CASE WHEN t{i} IS NULL THEN []::VARCHAR[] ELSE [{values}{i}] END"
+            for i in range(kinds)
+        )
+        return f"flatten([{parts}])"
+
+    count = " + ".join(f"(t{i} IS NOT NULL)::INTEGER" for i in range(kinds))
+    return f"""
+    SELECT clip_id, {present("t")} AS captions,
+           {present("e")} AS text_embedding_sha256, {count} AS caption_count
+    FROM (
+      SELECT clip_id, {cols}
+      FROM raw_captions WHERE caption_version = $caption_version
+        AND list_contains($kinds::VARCHAR[], kind)
+      GROUP BY clip_id
+    )
+  """
 
 
 def _drop_cases(recipe: Recipe) -> str:

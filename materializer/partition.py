@@ -151,8 +151,7 @@ def candidates_of(table: pa.Table, num_streams: int, eval_ids: list[str]) -> Can
     """The clip view query's rows reduced to :class:`Candidates`."""
     drops: dict[str, int] = {}
     reasons = table["drop_reason"]
-    dropped = table.filter(pc.is_valid(reasons))
-    for item in pc.value_counts(dropped["drop_reason"]).to_pylist():
+    for item in pc.value_counts(reasons.drop_null()).to_pylist():
         drops[item["values"]] = int(item["counts"])
     train = pc.fill_null(pc.not_equal(reasons, "eval"), True)
     counts = [
@@ -160,9 +159,23 @@ def candidates_of(table: pa.Table, num_streams: int, eval_ids: list[str]) -> Can
         for i in range(num_streams)
     ]
     flags = [f"_match_{i}" for i in range(num_streams)]
-    kept = table.filter(pc.is_null(reasons)).drop_columns(["drop_reason", *flags])
-    kept = kept.sort_by([("rung", "ascending"), ("clip_id", "ascending")])
-    return Candidates(kept, drops, counts, table.num_rows, eval_ids)
+    return Candidates(
+        _kept_sorted(table.drop_columns(["drop_reason", *flags]), pc.is_null(reasons)),
+        drops,
+        counts,
+        table.num_rows,
+        eval_ids,
+    )
+
+
+def _kept_sorted(table: pa.Table, keep: pa.ChunkedArray) -> pa.Table:
+    """The rows of ``table`` where ``keep``, sorted by ``(rung, clip_id)`` (stable):
+    the key columns are sorted alone and every column is gathered once (a filter and
+    then a sort copied the wide rows twice)."""
+    at = pc.indices_nonzero(keep)
+    keys = table.select(["rung", "clip_id"]).take(at)
+    order = pc.sort_indices(keys, sort_keys=[("rung", "ascending"), ("clip_id", "ascending")])
+    return table.take(pc.take(at, order))
 
 
 @dataclass(frozen=True)

@@ -146,8 +146,9 @@ def select(
         catalog, recipe, pin, table, found.eval_ids, drops
     )
     report("embeddings", 1.0)
+    # Still in ``(rung, clip_id)`` order: the candidates come sorted and every step
+    # since only filters rows or adds columns (sorting again gathered every row anew).
     table = _phase_gate(recipe, table, drops)
-    table = table.sort_by([("rung", "ascending"), ("clip_id", "ascending")])
     return Selection(
         samples=table,
         drops={k: drops[k] for k in sorted(drops)},
