@@ -42,10 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-# pyarrow imports numpy.ma lazily on the first numpy array it converts: 15-20 ms that
-# would otherwise land on the first step after a resume.
-import numpy.ma
 import torch
 from filelock import FileLock
 from numpy.typing import NDArray

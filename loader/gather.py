@@ -80,11 +80,18 @@ def _taken(
         if not 0 <= bi < file.num_batches or p.max() >= file.batch(bi).num_rows:
             parts.append(_misplaced(len(p), schema))
         else:
-            parts.append(file.batch(bi).select(names).take(pa.array(p)))
+            parts.append(file.batch(bi).select(names).take(_indices(p)))
     table = pa.Table.from_batches(parts, schema=schema)
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
-    return table.take(pa.array(inverse)).combine_chunks()
+    return table.take(_indices(inverse)).combine_chunks()
+
+
+def _indices(a: NDArray[np.int64]) -> pa.Array:
+    """``a`` as an Arrow int64 array over the same memory: ``pa.array`` of a numpy
+    array would import ``numpy.ma`` (15-20 ms) on its first call in a process."""
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(a), [None, pa.py_buffer(a)])
 
 
 def _misplaced(n: int, schema: pa.Schema) -> pa.RecordBatch:
