@@ -34,3 +34,29 @@ def test_gathered_records_equal_the_index_in_the_order_asked(
         got = plan.index_columns(rows.astype(np.int64), COLUMNS)
         assert got.equals(snap.index.take(rows).select(["row", *COLUMNS])), rows
     plan.close()
+
+
+def test_few_rows_take_nothing_and_many_of_one_batch_take_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow.compute as pc
+
+    snap = write_snapshot(tmp_path / "store", num_rows=200, num_steps=2, index_rows_per_batch=100)
+    plan = open_plan(snap.url, 1, tmp_path / "cache")
+    takes: list[int] = []
+    real = pc.take
+
+    def take(data: Any, indices: Any, **kw: Any) -> Any:
+        takes.append(len(indices))
+        return real(data, indices, **kw)
+
+    monkeypatch.setattr(pc, "take", take)
+    few = np.array([9, 3, 3, 0, 7], dtype=np.int64)
+    many = np.random.default_rng(1).integers(0, 100, SLICE_MAX_ROWS + 8)  # one index batch
+    spread = np.r_[many, [150, 120]]  # two index batches
+    for rows, expected in ((few, []), (many, [len(many)]), (spread, [len(many), 2, len(spread)])):
+        takes.clear()
+        got = plan.index_columns(rows, ["clip_id", "captions"])
+        assert takes == expected
+        assert got.equals(snap.index.take(rows).select(["row", "clip_id", "captions"]))
+    plan.close()
