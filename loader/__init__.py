@@ -2,10 +2,18 @@
 
 Installs with ``pip install 'vidlake[loader]'`` and never imports FastAPI, DuckDB or
 pyiceberg. Names are imported lazily so that importing one module costs no torch import.
+
+Importing the package freezes the objects that exist at that moment out of the cyclic
+garbage collector's sight (``gc.freeze()``): in a training script that imported torch
+first they are torch's ~170,000 modules, classes, functions, which live as long as the
+process, and the first full collection after torch's import would otherwise walk them
+all (0.1-0.2 s on the rank's first batch, docs/decisions/041). Objects made later are
+collected as before; ``gc.unfreeze()`` undoes it.
 """
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 __all__ = ["NodeCache", "PlanReader", "SnapshotDataset", "StatefulLoader", "open_plan"]
@@ -17,6 +25,8 @@ _LAZY = {
     "SnapshotDataset": "loader.dataset",
     "StatefulLoader": "loader.stateful",
 }
+
+gc.freeze()
 
 
 def __getattr__(name: str) -> Any:

@@ -270,7 +270,7 @@ class NodeCache:
         for conn in getattr(self, "_conns", []):
             _INHERITED.append(conn)
         self._conns: list[sqlite3.Connection] = []
-        self._local = threading.local()
+        self._idle: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
         self._open_lock = threading.Lock()
         self._verified = _verified_for(self.root)
@@ -671,7 +671,8 @@ class NodeCache:
                 with contextlib.closing(self._connect()) as conn:
                     conn.execute("DELETE FROM leases WHERE id = ?", (lease_id,))
             else:
-                self._conn().execute("DELETE FROM leases WHERE id = ?", (lease_id,))
+                with self._borrowed() as conn:
+                    conn.execute("DELETE FROM leases WHERE id = ?", (lease_id,))
         except sqlite3.Error as exc:
             # Never mask the caller's own exception; a dead owner's lease is reclaimed.
             log.warning("could not release lease %d: %s", lease_id, exc)
@@ -686,7 +687,8 @@ class NodeCache:
                 with contextlib.closing(self._connect()) as conn:
                     _delete_leases(conn, rows)
             else:
-                _delete_leases(self._conn(), rows)
+                with self._borrowed() as conn:
+                    _delete_leases(conn, rows)
         except sqlite3.Error as exc:
             log.warning("could not release %d leases: %s", len(rows), exc)
 
@@ -870,11 +872,10 @@ class NodeCache:
         """Close this process's database connections. Idempotent."""
         self._closed = True
         with self._lock:
-            conns, self._conns = self._conns, []
+            conns, self._conns, self._idle = self._conns, [], []
         for conn in conns:
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
-        self._local = threading.local()
 
     # -- opening, reclaiming ----------------------------------------------------------
     def _ensure_open(self) -> None:
@@ -1037,52 +1038,65 @@ class NodeCache:
             self._db_path,
             timeout=_BUSY_TIMEOUT_S,
             isolation_level=None,  # explicit BEGIN IMMEDIATE / COMMIT below
-            check_same_thread=False,  # only close() touches another thread's connection
+            check_same_thread=False,  # pooled: one thread at a time, any thread
         )
         conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
         _use_wal(conn)
         conn.execute("PRAGMA synchronous = NORMAL")
         return conn
 
-    def _conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+    @contextlib.contextmanager
+    def _borrowed(self) -> Iterator[sqlite3.Connection]:
+        """A connection of this process's pool for one transaction: an idle one (so the
+        first part read after opening uses the connection the cache was opened with),
+        else a new one. Connections are never shared by two threads at once."""
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
         if conn is None:
-            try:
-                conn = self._connect()
-            except sqlite3.Error as exc:
-                raise CacheError(
-                    f"cannot open node cache database {self._db_path}: {exc}",
-                    root=str(self.root),
-                ) from exc
-            self._local.conn = conn
+            conn = self._new_conn()
+        try:
+            yield conn
+        finally:
             with self._lock:
-                self._conns.append(conn)
+                if any(c is conn for c in self._conns):  # not closed meanwhile
+                    self._idle.append(conn)
+
+    def _new_conn(self) -> sqlite3.Connection:
+        try:
+            conn = self._connect()
+        except sqlite3.Error as exc:
+            raise CacheError(
+                f"cannot open node cache database {self._db_path}: {exc}",
+                root=str(self.root),
+            ) from exc
+        with self._lock:
+            self._conns.append(conn)
         return conn
 
     @contextlib.contextmanager
     def _tx(self, *, read: bool = False) -> Iterator[sqlite3.Connection]:
-        conn = self._conn()
-        try:
-            conn.execute("BEGIN" if read else "BEGIN IMMEDIATE")
+        with self._borrowed() as conn:
             try:
-                yield conn
-            except BaseException:
+                conn.execute("BEGIN" if read else "BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
                 with contextlib.suppress(sqlite3.Error):
                     conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-            if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
-                raise CacheFull(
-                    f"node cache database {self._db_path} cannot grow: the disk is full",
-                    reason="disk",
-                    root=str(self.root),
+                if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+                    raise CacheFull(
+                        f"node cache database {self._db_path} cannot grow: the disk is full",
+                        reason="disk",
+                        root=str(self.root),
+                    ) from exc
+                raise CacheError(
+                    f"node cache database {self._db_path} failed: {exc}", root=str(self.root)
                 ) from exc
-            raise CacheError(
-                f"node cache database {self._db_path} failed: {exc}", root=str(self.root)
-            ) from exc
 
 
 def _totals(db: sqlite3.Connection) -> dict[str, int]:

@@ -42,10 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-# pyarrow imports numpy.ma lazily on the first numpy array it converts: 15-20 ms that
-# would otherwise land on the first step after a resume.
-import numpy.ma
 import torch
 from filelock import FileLock
 from numpy.typing import NDArray
@@ -222,7 +218,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         return self._src
 
     def _node_cache(self) -> NodeCache:
-        # One cache object per iterator: its per-thread SQLite connections die with it.
+        # One cache object per iterator: its SQLite connections die with it.
         kwargs: dict[str, Any] = {"full_wait_s": self.cache_full_wait_s}
         if self.cache_reserve_bytes is not None:
             kwargs["reserve_bytes"] = self.cache_reserve_bytes

@@ -47,6 +47,7 @@ from numpy.typing import NDArray
 from catalog.atomic import write_bytes
 from catalog.errors import IntegrityError, InvalidInput
 from catalog.hashing import sha256_bytes
+from loader.gather import gather
 from loader.mapped import MappedFile, int_view, list_views
 from loader.snapshot import (
     LOADER_ARTIFACTS,
@@ -267,8 +268,8 @@ class PlanReader:
     ) -> pa.Table:
         """The index records of ``rows``, in the order given (``row`` always included).
 
-        Each mapped record batch is gathered with ``take``; only the pages those rows
-        live on are read.
+        Gathered from the mapped record batches (:func:`loader.gather.gather`); only the
+        pages those rows live on are read.
 
         Raises:
             InvalidInput: an unknown column or a row outside the index.
@@ -284,8 +285,9 @@ class PlanReader:
             if keys.min() < 0 or keys.max() >= index.length:
                 bad = int(keys[(keys < 0) | (keys >= index.length)][0])
                 raise InvalidInput(f"row {bad} is outside 0..{index.length - 1}", row=bad)
+        schema = pa.schema([INDEX_SCHEMA.field(n) for n in names])
         for _ in range(2):
-            table = self._gather(index, keys, names)
+            table = gather(index, keys, names, schema)
             if np.array_equal(table.column("row").to_numpy(), keys):
                 return table
             if index._offsets is not None:
@@ -294,35 +296,6 @@ class PlanReader:
         raise IntegrityError(
             f"index.arrow at {index.path}: rows are misplaced", path=str(index.path)
         )
-
-    @staticmethod
-    def _gather(index: MappedFile, keys: NDArray[np.int64], names: list[str]) -> pa.Table:
-        schema = pa.schema([INDEX_SCHEMA.field(n) for n in names])
-        if not len(keys):
-            return schema.empty_table()
-        b, pos = index.split(keys)
-        order = np.argsort(b, kind="stable")
-        parts: list[pa.RecordBatch] = []
-        sorted_b = b[order]
-        starts = np.flatnonzero(np.r_[True, sorted_b[1:] != sorted_b[:-1]])
-        for i, start in enumerate(starts):
-            end = starts[i + 1] if i + 1 < len(starts) else len(order)
-            bi = int(sorted_b[start])
-            sel = order[start:end]
-            if not 0 <= bi < index.num_batches:
-                # Leave the row column wrong so that the caller rebuilds or reports.
-                parts.append(pa.RecordBatch.from_pylist([{"row": -1}] * len(sel), schema=schema))
-                continue
-            batch = index.batch(bi)
-            p = pos[sel]
-            if p.max() >= batch.num_rows:
-                parts.append(pa.RecordBatch.from_pylist([{"row": -1}] * len(sel), schema=schema))
-                continue
-            parts.append(batch.select(names).take(pa.array(p)))
-        table = pa.Table.from_batches(parts, schema=schema)
-        inverse = np.empty_like(order)
-        inverse[order] = np.arange(len(order))
-        return table.take(pa.array(inverse)).combine_chunks()
 
 
 def _gcd_path(plan_path: Path) -> Path:

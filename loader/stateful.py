@@ -13,7 +13,8 @@ The first worker to be ready claims the hand-over step ``H``: the first step the
 training process has not yet submitted for reading. The training process stops
 submitting there, hands out what it read (steps ``< H``), then the DataLoader's batches,
 whose workers read steps ``H + w, H + w + N, …``. A small shared array holds the two
-numbers under one lock, so every step is read exactly once and the batch sequence is
+numbers under one lock (made as the workers start, so the first batch does not wait
+for it), so every step is read exactly once and the batch sequence is
 the same as without the hand-over (and with any ``num_workers``). If the training
 process reaches the end first, the workers find nothing left and are shut down unread.
 
@@ -38,6 +39,7 @@ then the hand-over both sides use: the DataLoader drops that iterator's batches.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
@@ -138,7 +140,7 @@ class StatefulLoader:
         end = max(ds.next_step, ds._end())
         loader, hand = self._loader_and_hand(ds.next_step, end)
         # Workers already running (persistent) are not forked again: start them later.
-        workers = _Workers(loader, self._context, forks=hand.fresh)
+        workers = _Workers(loader, hand, self._context, forks=hand.fresh)
         hand.fresh = False
         if workers.early:
             workers.start()
@@ -190,46 +192,80 @@ class _HandOver:
 
     ``cell[0]`` is the next step the training process would submit, ``cell[1]`` the
     hand-over step (-1: not yet). Both change under the array's lock, so the step a
-    worker claims is exactly the first one the training process did not take.
+    worker claims is exactly the first one the training process did not take. Until
+    :meth:`share` (as the workers start) the two numbers are this process's alone,
+    under a thread lock: making the shared array costs ~40 ms under ``spawn`` (it starts
+    multiprocessing's resource tracker), which the first batch then does not wait for.
     """
 
     def __init__(self, context: _Context, start: int, end: int):
         self._end = end
-        self._cell = context.Array("q", [start, -1])
+        self._context: _Context | None = context
+        self._local = [start, -1]
+        self._switch = threading.Lock()
+        self._cell: Any = None
         self.fresh = True  # no iter() has used it yet
+
+    def share(self) -> None:
+        """Move the two numbers into shared memory (any thread; before a worker starts)."""
+        if self._cell is not None:
+            return
+        assert self._context is not None
+        cell = self._context.Array("q", 2)  # the slow part, outside the lock
+        with self._switch:
+            cell[0], cell[1] = self._local
+            self._cell = cell
+
+    @contextlib.contextmanager
+    def _numbers(self) -> Iterator[Any]:
+        """The two numbers, locked: this process's until shared, then the shared cell."""
+        with self._switch:
+            if self._cell is None:
+                yield self._local
+                return
+        with self._cell.get_lock():
+            yield self._cell
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled into a starting worker, which takes the shared cell (and no context).
+        assert self._cell is not None, "share() before the workers start"
+        return {"_end": self._end, "_context": None, "_local": [], "_cell": self._cell}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _switch=threading.Lock(), fresh=False)
 
     def reset(self, start: int, end: int) -> None:
         """A new ``iter()`` over kept workers: nothing claimed, the rank starts at ``start``."""
-        with self._cell.get_lock():
-            self._cell[0], self._cell[1] = start, -1
+        with self._numbers() as cell:
+            cell[0], cell[1] = start, -1
         self._end = end
 
     @property
     def step(self) -> int:
         """The hand-over step (the end when the training process read every step)."""
-        with self._cell.get_lock():
-            return int(self._cell[1])
+        with self._numbers() as cell:
+            return int(cell[1])
 
     def own_steps(self) -> Generator[int, None, None]:
         """The steps the training process reads: from the start until a worker claims
         the rest (or to the end, which then leaves the workers nothing)."""
         while True:
-            with self._cell.get_lock():
-                step = int(self._cell[0])
-                if self._cell[1] >= 0:
+            with self._numbers() as cell:
+                step = int(cell[0])
+                if cell[1] >= 0:
                     return
                 if step >= self._end:
-                    self._cell[1] = self._end
+                    cell[1] = self._end
                     return
-                self._cell[0] = step + 1
+                cell[0] = step + 1
             yield step
 
     def claim(self) -> int:
         """In a worker: the hand-over step, fixed by the first worker to ask."""
-        with self._cell.get_lock():
-            if self._cell[1] < 0:
-                self._cell[1] = self._cell[0]
-            return int(self._cell[1])
+        with self._numbers() as cell:
+            if cell[1] < 0:
+                cell[1] = cell[0]
+            return int(cell[1])
 
 
 class _FromHandOver(IterableDataset[dict[str, Any]]):
@@ -253,10 +289,18 @@ class _Workers:
     because a ``forkserver`` ``Process.start()`` blocks until the server has imported
     its preloads (seconds) and a ``spawn`` one pickles the dataset per worker."""
 
-    def __init__(self, loader: DataLoader[dict[str, Any]], context: _Context, *, forks: bool):
+    def __init__(
+        self,
+        loader: DataLoader[dict[str, Any]],
+        hand: _HandOver,
+        context: _Context,
+        *,
+        forks: bool,
+    ):
         self.early = forks and context.get_start_method() == "fork"
         self.started = False
         self._loader = loader
+        self._hand = hand
         self._iter: Iterator[dict[str, Any]] | None = None
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -266,6 +310,7 @@ class _Workers:
             return
         self.started = True
         if self.early:
+            self._hand.share()
             self._iter = iter(self._loader)
         else:
             self._thread = threading.Thread(target=self._run, name="vidlake-workers")
@@ -273,6 +318,7 @@ class _Workers:
 
     def _run(self) -> None:
         try:
+            self._hand.share()  # here, not in the training thread: ~40 ms under spawn
             self._iter = iter(self._loader)
         except BaseException as exc:  # re-raised in the training thread by batches()
             self._error = exc

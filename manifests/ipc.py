@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from catalog.atomic import atomic_path
 from catalog.errors import IntegrityError
@@ -172,7 +171,7 @@ def read_columns(path: PathLike, names: list[str], *, what: str | None = None) -
             for n in names:
                 column = batch.column(n)
                 if pa.types.is_list(column.type):
-                    column = pc.list_flatten(column)
+                    column = column.flatten()
                 chunks[n].append(column)
         result = []
         for n in names:

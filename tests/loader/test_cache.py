@@ -438,9 +438,11 @@ def test_a_full_disk_can_wait_for_leases_like_a_full_budget(root: Path, src: Sou
 def test_a_database_that_cannot_grow_is_cache_full_disk(root: Path) -> None:
     blobs = [_blob(i, 10) for i in range(400)]
     with _open(root, 1 << 20) as cache:
-        conn = cache._conn()  # SQLite's own SQLITE_FULL: no page may be added
-        pages = conn.execute("PRAGMA page_count").fetchone()[0]
-        conn.execute(f"PRAGMA max_page_count = {pages}")
+        # SQLite's own SQLITE_FULL: no page may be added (on the pool's one connection,
+        # which every later transaction of this single thread borrows).
+        with cache._borrowed() as conn:
+            pages = conn.execute("PRAGMA page_count").fetchone()[0]
+            conn.execute(f"PRAGMA max_page_count = {pages}")
         with pytest.raises(CacheFull) as err:
             for blob in blobs:
                 key = hashlib.sha256(blob).hexdigest()

@@ -233,8 +233,8 @@ def _claim_vm_steps(root: Path, entries: int, claimed: int) -> int:
             steps[0] += 1
             return 0
 
-        conn = cache._conn()
-        conn.set_progress_handler(count, 1)
+        with cache._borrowed() as conn:  # the pool's one connection, borrowed next
+            conn.set_progress_handler(count, 1)
         with cache.leases([(k, 10) for k in keys[:claimed]]) as held:
             assert len(held._ids) == claimed
         conn.set_progress_handler(None, 0)

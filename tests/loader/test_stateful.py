@@ -213,3 +213,44 @@ def test_persistent_workers_take_their_start_from_the_hand_over_each_iter(
     for bad in ({"num_workers": 0}, {"num_workers": 2, "hand_over": False}):
         with pytest.raises(InvalidInput, match="persistent_workers"):
             StatefulLoader(loader.dataset, persistent_workers=True, **bad)  # type: ignore[arg-type]
+
+
+def test_the_shared_cell_is_made_off_the_training_thread(
+    snap: SynthSnapshot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under spawn the shared array (~40 ms: it starts the resource tracker) is made in
+    the workers' starting thread, not before the first batch; workers that never come
+    (a DataLoader that starts none) leave every step to the training process."""
+    import threading
+
+    from torch.utils.data import DataLoader
+
+    made: list[bool] = []
+    real = _HandOver.share
+
+    def share(self: _HandOver) -> None:
+        made.append(threading.current_thread() is threading.main_thread())
+        real(self)
+
+    monkeypatch.setattr(_HandOver, "share", share)
+    monkeypatch.setattr(DataLoader, "__iter__", lambda self: iter(()))
+    loader = StatefulLoader(
+        _ds(snap, tmp_path / "c"), num_workers=2, multiprocessing_context="spawn"
+    )
+    assert _seen(list(loader)) == _expected(snap, range(STEPS))
+    assert made == [False]
+
+
+def test_sharing_the_cell_mid_way_keeps_the_hand_over_exact() -> None:
+    import threading
+
+    hand = _HandOver(multiprocessing.get_context("spawn"), 5, 50)
+    steps = hand.own_steps()
+    taken = [next(steps) for _ in range(3)]
+    sharer = threading.Thread(target=hand.share)
+    sharer.start()
+    taken += [next(steps) for _ in range(10)]  # while the cell is being made
+    sharer.join()
+    taken.append(next(steps))
+    assert hand.claim() == 19 and hand.step == 19  # the first step not taken
+    assert taken == list(range(5, 19)) and list(steps) == []
