@@ -7,7 +7,7 @@ Importing the package freezes the objects that exist at that moment out of the c
 garbage collector's sight (``gc.freeze()``): in a training script that imported torch
 first they are torch's ~170,000 modules, classes, functions, which live as long as the
 process, and the first full collection after torch's import would otherwise walk them
-all (0.1-0.2 s on the rank's first batch, docs/decisions/041). Objects made later are
+all (0.1-0.2 s on the rank's first batch, docs/decisions/044). Objects made later are
 collected as before; ``gc.unfreeze()`` undoes it.
 """
 
