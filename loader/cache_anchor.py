@@ -25,7 +25,7 @@ import sqlite3
 import threading
 from collections import OrderedDict
 
-__all__ = ["MAX_ANCHORS", "hold"]
+__all__ = ["MAX_ANCHORS", "hold", "release_all"]
 
 #: Databases a process keeps an anchor for (least recently opened released first).
 MAX_ANCHORS = 8
@@ -69,6 +69,16 @@ def hold(db_path: str) -> None:
             evicted.append(_ANCHORS.popitem(last=False))
     for path, (was, old) in evicted:
         _release(path, was, old)
+
+
+def release_all() -> None:
+    """Close (or park) every anchor of this process: for tools and tests that want
+    the cache's files closed; the next cache opened takes a new one."""
+    with _LOCK:
+        held = list(_ANCHORS.items())
+        _ANCHORS.clear()
+    for path, (ident, conn) in held:
+        _release(path, ident, conn)
 
 
 def _release(path: str, ident: tuple[int, int], conn: sqlite3.Connection) -> None:
