@@ -6,6 +6,9 @@ one data set per system from the very same tensors and reads it warm, in this pr
 as batches of stacked tensors:
 
 * **raw**: ``open().read()`` of vidlake's cached files (the floor every loader pays);
+  besides samples per second, the CPU seconds a sample of raw and of vidlake (every
+  thread of the process: ``cpu_us_<size>``, ``x_raw_cpu_<size>`` = raw's over
+  vidlake's), which a loaded machine blurs less than the wall clock;
 * **vidlake**: ``SnapshotDataset`` through its node cache, ``verify_hits`` off and on
   (the "already verified" memory is cleared before each verify-on pass, so each pass
   hashes every object it touches);
@@ -125,6 +128,7 @@ class Vidlake:
         _iterate(iter(SnapshotDataset(self.snap.url, 1, **self.kw)))  # cold: fill the cache
         objects = work / "node" / "latents" / "objects"
         self.files = sorted(p for p in objects.glob("*/*"))
+        self.cpu_s = 0.0  # CPU seconds of the last pass (every thread)
 
     def tensors(self) -> Iterator[np.ndarray[Any, Any]]:
         from safetensors.numpy import load_file
@@ -137,13 +141,17 @@ class Vidlake:
             forget_verified()
         ds = SnapshotDataset(self.snap.url, 1, verify_hits=verify, **self.kw)
         ds.plan  # noqa: B018 - opening the plan is not what is measured
-        return _iterate(iter(ds))
+        c0 = time.process_time()
+        out = _iterate(iter(ds))
+        self.cpu_s = time.process_time() - c0
+        return out
 
     def raw(self) -> tuple[float, int]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for p in self.files:
             with open(p, "rb") as f:
                 f.read()
+        self.cpu_s = time.process_time() - c0
         return time.perf_counter() - t0, len(self.files)
 
 
@@ -239,13 +247,20 @@ def _measure_size(
         **{k: p.run for k, p in peers.items() if p is not None},
     }
     secs: dict[str, list[float]] = {k: [] for k in runs}
+    cpu: dict[str, list[float]] = {k: [] for k in ("raw", "vidlake", "vidlake_verify")}
     for _ in range(args.repeat):
         for name, run in runs.items():
             s, got = run()
             if got != n:
                 raise SystemExit(f"{name} delivered {got} samples, not {n}")
             secs[name].append(s)
-    return {k: n / statistics.median(v) for k, v in secs.items()}  # samples per second
+            if name in cpu:
+                cpu[name].append(vid.cpu_s)
+    rates = {k: n / statistics.median(v) for k, v in secs.items()}  # samples per second
+    # CPU seconds a sample (every thread of the process): what a loaded box cannot
+    # blur as much as the wall clock.
+    rates.update({f"cpu_{k}": statistics.median(v) / n for k, v in cpu.items()})
+    return rates
 
 
 def _hash_floor(nbytes: int, threads: int) -> float:
@@ -456,6 +471,10 @@ def _result(
         out[f"vidlake_{name}_samples_s"] = round(r["vidlake"], 1)
         out[f"vidlake_verify_{name}_samples_s"] = round(r["vidlake_verify"], 1)
         out[f"raw_{name}_samples_s"] = round(r["raw"], 1)
+        out[f"cpu_us_{name}"] = {
+            k: round(r[f"cpu_{k}"] * 1e6, 1) for k in ("raw", "vidlake", "vidlake_verify")
+        }
+        out[f"x_raw_cpu_{name}"] = round(r["cpu_raw"] / r["cpu_vidlake"], 3)
         for peer in ("streaming", "litdata", "webdataset"):
             if peer in r:
                 out[f"{peer}_{name}_samples_s"] = round(r[peer], 1)
