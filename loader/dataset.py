@@ -57,6 +57,7 @@ from loader.batch import (
     BufferPool,
     Outcome,
     PartResult,
+    PartTask,
     Step,
     outcome,
     shared_pool,
@@ -411,7 +412,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         latents: list[PartResult] = []
         embeds: list[PartResult | None] = []
         for part in _parts(table.num_rows, self.prefetch_threads):
-            task = executor.submit(self._load_part, cache, cols, buffer, embed_shas, part)
+            task = PartTask(executor.submit(self._load_part, cache, cols, buffer, embed_shas, part))
             for j, i in enumerate(part):
                 latents.append(PartResult(task, j, 0))
                 embeds.append(PartResult(task, j, 1) if embed_shas[i] else None)
