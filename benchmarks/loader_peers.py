@@ -9,6 +9,9 @@ as batches of stacked tensors:
   besides samples per second, the CPU seconds a sample of raw and of vidlake (every
   thread of the process: ``cpu_us_<size>``, ``x_raw_cpu_<size>`` = raw's over
   vidlake's), which a loaded machine blurs less than the wall clock;
+* **into_batch** (a diagnostic, not the baseline): the same files ``readinto`` their
+  rows of four batch blocks like vidlake's (huge pages, in turn): raw's read with
+  vidlake's destination memory (``x_into_batch_<size>`` = vidlake over it);
 * **vidlake**: ``SnapshotDataset`` through its node cache, ``verify_hits`` off and on
   (the "already verified" memory is cleared before each verify-on pass, so each pass
   hashes every object it touches);
@@ -18,7 +21,7 @@ as batches of stacked tensors:
   DIR mosaicml-streaming==0.13.0 litdata==0.2.76 webdataset==1.0.2`` plus the light
   dependencies issue 16 lists); absent ones are skipped with a note.
 
-Passes are interleaved (raw, vidlake off, vidlake on, peers; ``--repeat`` rounds) and
+Passes are interleaved (raw, into_batch, vidlake off, vidlake on, peers; ``--repeat`` rounds) and
 each figure is the median, so load on a shared machine hits every system alike.
 
 Also measured: ``verify_x_hash_floor``, vidlake with verification at 8 MB against
@@ -63,6 +66,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from loader.batch import _new_block
 from loader.cache import forget_verified
 from loader.dataset import SnapshotDataset
 from manifests.synthetic import write_big_snapshot, write_snapshot
@@ -129,6 +133,8 @@ class Vidlake:
         objects = work / "node" / "latents" / "objects"
         self.files = sorted(p for p in objects.glob("*/*"))
         self.cpu_s = 0.0  # CPU seconds of the last pass (every thread)
+        self.file_size = self.files[0].stat().st_size
+        self._blocks: list[np.ndarray[Any, Any]] = []
 
     def tensors(self) -> Iterator[np.ndarray[Any, Any]]:
         from safetensors.numpy import load_file
@@ -145,6 +151,23 @@ class Vidlake:
         out = _iterate(iter(ds))
         self.cpu_s = time.process_time() - c0
         return out
+
+    def into_batch(self) -> tuple[float, int]:
+        """Diagnostic, not the baseline: each file ``readinto`` its row of batch blocks
+        like vidlake's (pooled, huge pages, four in turn): raw's read, vidlake's
+        destination memory."""
+        if not self._blocks:
+            self._blocks = [_new_block(self.file_size * self.batch) for _ in range(4)]
+            for block in self._blocks:
+                block.fill(0)  # faulted in, as the pool's recycled blocks are
+        views = [b.data for b in self._blocks]
+        n = self.file_size
+        t0 = time.perf_counter()
+        for i, p in enumerate(self.files):
+            step, row = divmod(i, self.batch)
+            with open(p, "rb", buffering=0) as f:
+                f.readinto(views[step % len(views)][row * n : (row + 1) * n])
+        return time.perf_counter() - t0, len(self.files)
 
     def raw(self) -> tuple[float, int]:
         t0, c0 = time.perf_counter(), time.process_time()
@@ -242,6 +265,7 @@ def _measure_size(
     tensors.clear()  # the peers hold their own copies now
     runs: dict[str, Callable[[], tuple[float, int]]] = {
         "raw": vid.raw,
+        "into_batch": vid.into_batch,
         "vidlake": lambda: vid.run(False),
         "vidlake_verify": lambda: vid.run(True),
         **{k: p.run for k, p in peers.items() if p is not None},
@@ -475,6 +499,8 @@ def _result(
             k: round(r[f"cpu_{k}"] * 1e6, 1) for k in ("raw", "vidlake", "vidlake_verify")
         }
         out[f"x_raw_cpu_{name}"] = round(r["cpu_raw"] / r["cpu_vidlake"], 3)
+        out[f"into_batch_{name}_samples_s"] = round(r["into_batch"], 1)
+        out[f"x_into_batch_{name}"] = round(r["vidlake"] / r["into_batch"], 3)
         for peer in ("streaming", "litdata", "webdataset"):
             if peer in r:
                 out[f"{peer}_{name}_samples_s"] = round(r[peer], 1)
