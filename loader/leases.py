@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from catalog.hashing import require_sha256
 
@@ -40,11 +39,12 @@ if TYPE_CHECKING:
 __all__ = ["LeaseSet", "Proof"]
 
 
-@dataclass(frozen=True)
-class Proof:
+class Proof(NamedTuple):
     """A leased hit whose SHA-256 is still due: settle it with the digest of the bytes
     read (:meth:`LeaseSet.settle`) or have the file hashed (:meth:`LeaseSet.prove`).
-    An empty ``fingerprint`` owes only the size (:meth:`LeaseSet.open` ``sized``)."""
+    An empty ``fingerprint`` owes only the size (:meth:`LeaseSet.open` ``sized``).
+    A tuple, not a dataclass: one is made per warm row, and a frozen dataclass's
+    ``__init__`` showed in the profile."""
 
     key: str
     size: int
