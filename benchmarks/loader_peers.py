@@ -66,7 +66,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loader.batch import _new_block
+from loader.batch import BufferPool
 from loader.cache import forget_verified
 from loader.dataset import SnapshotDataset
 from manifests.synthetic import write_big_snapshot, write_snapshot
@@ -134,7 +134,7 @@ class Vidlake:
         self.files = sorted(p for p in objects.glob("*/*"))
         self.cpu_s = 0.0  # CPU seconds of the last pass (every thread)
         self.file_size = self.files[0].stat().st_size
-        self._blocks: list[np.ndarray[Any, Any]] = []
+        self._blocks: list[torch.Tensor] = []
 
     def tensors(self) -> Iterator[np.ndarray[Any, Any]]:
         from safetensors.numpy import load_file
@@ -157,10 +157,11 @@ class Vidlake:
         like vidlake's (pooled, huge pages, four in turn): raw's read, vidlake's
         destination memory."""
         if not self._blocks:
-            self._blocks = [_new_block(self.file_size * self.batch) for _ in range(4)]
+            pool, shape = BufferPool(keep=4), (self.file_size * self.batch,)
+            self._blocks = [pool.empty(shape, torch.uint8) for _ in range(4)]
             for block in self._blocks:
-                block.fill(0)  # faulted in, as the pool's recycled blocks are
-        views = [b.data for b in self._blocks]
+                block.fill_(0)  # faulted in, as the pool's recycled blocks are
+        views = [b.numpy().data for b in self._blocks]
         n = self.file_size
         t0 = time.perf_counter()
         for i, p in enumerate(self.files):
