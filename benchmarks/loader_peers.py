@@ -6,6 +6,12 @@ one data set per system from the very same tensors and reads it warm, in this pr
 as batches of stacked tensors:
 
 * **raw**: ``open().read()`` of vidlake's cached files (the floor every loader pays);
+  besides samples per second, the CPU seconds a sample of raw and of vidlake (every
+  thread of the process: ``cpu_us_<size>``, ``x_raw_cpu_<size>`` = raw's over
+  vidlake's), which a loaded machine blurs less than the wall clock;
+* **into_batch** (a diagnostic, not the baseline): the same files ``readinto`` their
+  rows of four batch blocks like vidlake's (huge pages, in turn): raw's read with
+  vidlake's destination memory (``x_into_batch_<size>`` = vidlake over it);
 * **vidlake**: ``SnapshotDataset`` through its node cache, ``verify_hits`` off and on
   (the "already verified" memory is cleared before each verify-on pass, so each pass
   hashes every object it touches);
@@ -15,7 +21,7 @@ as batches of stacked tensors:
   DIR mosaicml-streaming==0.13.0 litdata==0.2.76 webdataset==1.0.2`` plus the light
   dependencies issue 16 lists); absent ones are skipped with a note.
 
-Passes are interleaved (raw, vidlake off, vidlake on, peers; ``--repeat`` rounds) and
+Passes are interleaved (raw, into_batch, vidlake off, vidlake on, peers; ``--repeat`` rounds) and
 each figure is the median, so load on a shared machine hits every system alike.
 
 Also measured: ``verify_x_hash_floor``, vidlake with verification at 8 MB against
@@ -60,6 +66,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from loader.batch import BufferPool
 from loader.cache import forget_verified
 from loader.dataset import SnapshotDataset
 from manifests.synthetic import write_big_snapshot, write_snapshot
@@ -125,6 +132,9 @@ class Vidlake:
         _iterate(iter(SnapshotDataset(self.snap.url, 1, **self.kw)))  # cold: fill the cache
         objects = work / "node" / "latents" / "objects"
         self.files = sorted(p for p in objects.glob("*/*"))
+        self.cpu_s = 0.0  # CPU seconds of the last pass (every thread)
+        self.file_size = self.files[0].stat().st_size
+        self._blocks: list[torch.Tensor] = []
 
     def tensors(self) -> Iterator[np.ndarray[Any, Any]]:
         from safetensors.numpy import load_file
@@ -137,13 +147,35 @@ class Vidlake:
             forget_verified()
         ds = SnapshotDataset(self.snap.url, 1, verify_hits=verify, **self.kw)
         ds.plan  # noqa: B018 - opening the plan is not what is measured
-        return _iterate(iter(ds))
+        c0 = time.process_time()
+        out = _iterate(iter(ds))
+        self.cpu_s = time.process_time() - c0
+        return out
+
+    def into_batch(self) -> tuple[float, int]:
+        """Diagnostic, not the baseline: each file ``readinto`` its row of batch blocks
+        like vidlake's (pooled, huge pages, four in turn): raw's read, vidlake's
+        destination memory."""
+        if not self._blocks:
+            pool, shape = BufferPool(keep=4), (self.file_size * self.batch,)
+            self._blocks = [pool.empty(shape, torch.uint8) for _ in range(4)]
+            for block in self._blocks:
+                block.fill_(0)  # faulted in, as the pool's recycled blocks are
+        views = [b.numpy().data for b in self._blocks]
+        n = self.file_size
+        t0 = time.perf_counter()
+        for i, p in enumerate(self.files):
+            step, row = divmod(i, self.batch)
+            with open(p, "rb", buffering=0) as f:
+                f.readinto(views[step % len(views)][row * n : (row + 1) * n])
+        return time.perf_counter() - t0, len(self.files)
 
     def raw(self) -> tuple[float, int]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for p in self.files:
             with open(p, "rb") as f:
                 f.read()
+        self.cpu_s = time.process_time() - c0
         return time.perf_counter() - t0, len(self.files)
 
 
@@ -224,6 +256,7 @@ def _peer(name: str, build: Callable[[], Any], notes: dict[str, str]) -> Any:
 def _measure_size(
     work: Path, nbytes: int, n: int, batch: int, args: argparse.Namespace, notes: dict[str, str]
 ) -> dict[str, float]:
+    n -= n % batch  # whole steps: 20,000 16 KB samples are 78 steps of 256
     vid = Vidlake(work, nbytes, n, batch, args.threads)
     tensors = list(vid.tensors()) if args.peers else []
     peers = {
@@ -234,18 +267,26 @@ def _measure_size(
     tensors.clear()  # the peers hold their own copies now
     runs: dict[str, Callable[[], tuple[float, int]]] = {
         "raw": vid.raw,
+        "into_batch": vid.into_batch,
         "vidlake": lambda: vid.run(False),
         "vidlake_verify": lambda: vid.run(True),
         **{k: p.run for k, p in peers.items() if p is not None},
     }
     secs: dict[str, list[float]] = {k: [] for k in runs}
+    cpu: dict[str, list[float]] = {k: [] for k in ("raw", "vidlake", "vidlake_verify")}
     for _ in range(args.repeat):
         for name, run in runs.items():
             s, got = run()
             if got != n:
                 raise SystemExit(f"{name} delivered {got} samples, not {n}")
             secs[name].append(s)
-    return {k: n / statistics.median(v) for k, v in secs.items()}  # samples per second
+            if name in cpu:
+                cpu[name].append(vid.cpu_s)
+    rates = {k: n / statistics.median(v) for k, v in secs.items()}  # samples per second
+    # CPU seconds a sample (every thread of the process): what a loaded box cannot
+    # blur as much as the wall clock.
+    rates.update({f"cpu_{k}": statistics.median(v) / n for k, v in cpu.items()})
+    return rates
 
 
 def _hash_floor(nbytes: int, threads: int) -> float:
@@ -456,6 +497,12 @@ def _result(
         out[f"vidlake_{name}_samples_s"] = round(r["vidlake"], 1)
         out[f"vidlake_verify_{name}_samples_s"] = round(r["vidlake_verify"], 1)
         out[f"raw_{name}_samples_s"] = round(r["raw"], 1)
+        out[f"cpu_us_{name}"] = {
+            k: round(r[f"cpu_{k}"] * 1e6, 1) for k in ("raw", "vidlake", "vidlake_verify")
+        }
+        out[f"x_raw_cpu_{name}"] = round(r["cpu_raw"] / r["cpu_vidlake"], 3)
+        out[f"into_batch_{name}_samples_s"] = round(r["into_batch"], 1)
+        out[f"x_into_batch_{name}"] = round(r["vidlake"] / r["into_batch"], 3)
         for peer in ("streaming", "litdata", "webdataset"):
             if peer in r:
                 out[f"{peer}_{name}_samples_s"] = round(r[peer], 1)

@@ -34,6 +34,7 @@ __all__ = [
     "BufferPool",
     "Outcome",
     "PartResult",
+    "PartTask",
     "Pending",
     "Step",
     "outcome",
@@ -76,18 +77,38 @@ class Pending(Protocol):
     def cancel(self) -> bool: ...
 
 
+class PartTask:
+    """One task that reads a part of a step, its result fetched from the Future once
+    for all its rows (a Future's ``result()`` takes its Condition: at 256 rows a step,
+    twice a row, that showed on the consuming thread)."""
+
+    __slots__ = ("_future", "_value")
+
+    def __init__(self, future: Future[list[tuple[Outcome, Outcome]]]) -> None:
+        self._future = future
+        self._value: list[tuple[Outcome, Outcome]] | None = None
+
+    def outcomes(self) -> list[tuple[Outcome, Outcome]]:
+        if self._value is None:
+            self._value = self._future.result()
+        return self._value
+
+    def cancel(self) -> bool:
+        return self._future.cancel()
+
+
 class PartResult:
-    """Row ``j`` of a task that reads a part of a step and returns one
-    ``(latent, embedding)`` :data:`Outcome` pair per row: one Future per part, not per
-    row (a Future costs a Condition and a lock, which shows at kilobyte samples)."""
+    """Row ``j`` of a :class:`PartTask`, whose task returns one ``(latent, embedding)``
+    :data:`Outcome` pair per row: one Future per part, not per row (a Future costs a
+    Condition and a lock, which shows at kilobyte samples)."""
 
     __slots__ = ("_j", "_task", "_which")
 
-    def __init__(self, task: Future[list[tuple[Outcome, Outcome]]], j: int, which: int) -> None:
+    def __init__(self, task: PartTask, j: int, which: int) -> None:
         self._task, self._j, self._which = task, j, which
 
     def result(self) -> Any:
-        value, exc = self._task.result()[self._j][self._which]
+        value, exc = self._task.outcomes()[self._j][self._which]
         if exc is not None:
             raise exc
         return value

@@ -56,6 +56,7 @@ from typing import Any
 
 from catalog.errors import CacheError, CacheFull, ChecksumMismatch, InvalidInput
 from catalog.hashing import require_sha256, sha256_file
+from loader.cache_anchor import hold
 from loader.cache_schema import EVICTABLE, LEASED_BYTES, SCHEMA, SCHEMA_VERSION, STATS
 from loader.leases import LeaseSet
 from loader.owners import Proc, boot_id, current_process, is_alive
@@ -890,6 +891,9 @@ class NodeCache:
                 return
             self._open()
             self._opened_pid = os.getpid()
+        # Closing this cache's connections then never checkpoints and deletes the
+        # WAL (loader.cache_anchor): an iterator's end used to cost 2-100 ms.
+        hold(str(self._db_path))
 
     def _open(self) -> None:
         if self._requested_budget is None and not self._db_path.exists():

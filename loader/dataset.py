@@ -53,6 +53,7 @@ from loader.batch import (
     BufferPool,
     Outcome,
     PartResult,
+    PartTask,
     Step,
     outcome,
     shared_pool,
@@ -80,6 +81,9 @@ from loader.source import SnapshotSource, open_source
 from loader.stateful import StatefulLoader  # re-exported: it lived here before
 
 __all__ = ["SnapshotDataset", "StatefulLoader"]
+
+#: A step's index columns as Python lists, one value per row (``_INDEX_COLUMNS``).
+_Columns = dict[str, list[Any]]
 
 
 _INDEX_COLUMNS = [
@@ -392,32 +396,32 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             rows = rows[keep]
         table = plan.index_columns(rows, _INDEX_COLUMNS)
         rows, table, known = drop_recorded(rows, table, failed, step, self.on_corrupt)
-        records = table.to_pylist()
-        variants = _caption_variants(records, rows, info)
-        buffer = BatchBuffer(len(records), buffers)
+        # Column lists, not a dict per row: a step's 256 dicts cost ~5x the columns.
+        cols = {name: table.column(name).to_pylist() for name in _INDEX_COLUMNS}
+        variants = _caption_variants(cols, rows, info)
+        buffer = BatchBuffer(table.num_rows, buffers)
         embed_shas: list[str | None] = []
-        for rec, v in zip(records, variants, strict=True):
-            shas = rec["text_embedding_sha256"]
+        for shas, v in zip(cols["text_embedding_sha256"], variants, strict=True):
             want = self.text_embeddings and v is not None and v < len(shas) and shas[v]
             embed_shas.append(shas[v] if want else None)
         # One task per part of the step (one per thread), each row's outcome a slot of it.
         latents: list[PartResult] = []
         embeds: list[PartResult | None] = []
-        for part in _parts(len(records), self.prefetch_threads):
-            task = executor.submit(self._load_part, cache, records, buffer, embed_shas, part)
+        for part in _parts(table.num_rows, self.prefetch_threads):
+            task = PartTask(executor.submit(self._load_part, cache, cols, buffer, embed_shas, part))
             for j, i in enumerate(part):
                 latents.append(PartResult(task, j, 0))
                 embeds.append(PartResult(task, j, 1) if embed_shas[i] else None)
         captions = [
-            rec["captions"][v] if v is not None else None
-            for rec, v in zip(records, variants, strict=True)
+            texts[v] if v is not None else None
+            for texts, v in zip(cols["captions"], variants, strict=True)
         ]
         return Step(info, rows, table, captions, buffer, latents, embeds, erased, known)
 
     def _load_part(
         self,
         cache: NodeCache,
-        records: list[dict[str, Any]],
+        cols: _Columns,
         buffer: BatchBuffer,
         embed_shas: list[str | None],
         part: range,
@@ -426,18 +430,18 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         are leased in one transaction and all returned in one more (docs/cache.md).
         Returns each row's (latent, text embedding) outcome."""
         out: list[tuple[Outcome, Outcome]] = []
-        with cache.leases(
-            (records[i]["member_sha256"], records[i]["length"]) for i in part
-        ) as held:
+        lo, hi = part.start, part.stop
+        wanted = zip(cols["member_sha256"][lo:hi], cols["length"][lo:hi], strict=True)
+        with cache.leases(wanted) as held:
             for i in part:
-                latent = outcome(self._load_latent, held, records[i], buffer, i)
+                latent = outcome(self._load_latent, held, cols, buffer, i)
                 sha = embed_shas[i]
                 embed = outcome(self._load_embedding, held, sha) if sha else (None, None)
                 out.append((latent, embed))
         return out
 
     def _load_latent(
-        self, held: LeaseSet, rec: dict[str, Any], buffer: BatchBuffer, i: int
+        self, held: LeaseSet, cols: _Columns, buffer: BatchBuffer, i: int
     ) -> dict[str, torch.Tensor] | Corrupt | None:
         """Fetch row ``i``'s latent and decode it into its row of the batch tensors.
 
@@ -452,8 +456,9 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
                 ``object_sha256``, ``offset``, ``length`` attributes).
         """
         try:
-            return self._read_latent(held, rec, buffer, i)
+            return self._read_latent(held, cols, buffer, i)
         except (IntegrityError, InvalidInput) as exc:
+            rec = {name: values[i] for name, values in cols.items()}
             err = named_error(rec, exc)
         # Recorded under either policy; only a failure of the source's own bytes counts.
         corrupt = isinstance(err, ChecksumMismatch) and confirm_and_record(
@@ -464,14 +469,14 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         raise err
 
     def _read_latent(
-        self, held: LeaseSet, rec: dict[str, Any], buffer: BatchBuffer, i: int
+        self, held: LeaseSet, cols: _Columns, buffer: BatchBuffer, i: int
     ) -> dict[str, torch.Tensor] | None:
         src = self._open_source()
         obj, off, n, member = (
-            rec["object_sha256"],
-            rec["offset"],
-            rec["length"],
-            rec["member_sha256"],
+            cols["object_sha256"][i],
+            cols["offset"][i],
+            cols["length"][i],
+            cols["member_sha256"][i],
         )
 
         def fetch(tmp: Path) -> None:
@@ -479,9 +484,10 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             # it renames it into place, and nothing reads it before that.
             src.fetch_range(obj, off, n, tmp)
 
-        keys = list(rec["tensor_keys"])
-        frames = rec.get("num_frames")  # the bucket's: keep that many leading frames
-        if rec["format"] == "safetensors":
+        keys = cols["tensor_keys"][i]
+        frames = cols["num_frames"][i]  # the bucket's: keep that many leading frames
+        fmt = cols["format"][i]
+        if fmt == "safetensors":
             # Header only, then each tensor's bytes straight into the batch: one copy,
             # and a hit's hash (when due) taken over those bytes (loader.rowread).
             misfit = read_safetensors_row(held, member, n, fetch, keys, frames, buffer, i)
@@ -490,7 +496,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             path = misfit
         else:
             path = held.path(member, n, fetch)
-        tensors = decode_file(path, rec["format"], keys, sha256=member)
+        tensors = decode_file(path, fmt, keys, sha256=member)
         tensors = {k: trim_frames(t, frames) for k, t in tensors.items()}
         slots = buffer.slots(i, {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()})
         if slots is None:
@@ -526,14 +532,11 @@ def _parts(n: int, k: int) -> list[range]:
     return [range(j * n // k, (j + 1) * n // k) for j in range(k)] if n else []
 
 
-def _caption_variants(
-    records: list[dict[str, Any]], rows: NDArray[np.int64], info: StepInfo
-) -> list[int | None]:
+def _caption_variants(cols: _Columns, rows: NDArray[np.int64], info: StepInfo) -> list[int | None]:
     """Variant ``(epoch + row) % len(captions)``, epoch = the row's stream's epoch now."""
     out: list[int | None] = []
-    for rec, row in zip(records, rows.tolist(), strict=True):
-        n = len(rec["captions"])
-        stream = int(rec["stream"])
+    for texts, stream, row in zip(cols["captions"], cols["stream"], rows.tolist(), strict=True):
+        n = len(texts)
         epoch = int(info.stream_epochs[stream]) if stream < len(info.stream_epochs) else 0
         out.append((epoch + row) % n if n else None)
     return out

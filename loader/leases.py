@@ -7,7 +7,8 @@ of a batch that is already cached in **one** transaction and returns all its lea
 **one** more, whatever the batch size. Objects that are not cached (or fail their
 check) go through the ordinary per-object path — download, verify, rename — and their
 leases join the set. The rules of docs/cache.md hold unchanged: each hit is still
-stat-checked and, with ``verify_hits``, hashed unless this process verified that very
+size-checked (by a stat, or by the reader's own read: ``open(..., sized=True)``) and,
+with ``verify_hits``, hashed unless this process verified that very
 file; eviction still never picks a leased entry; a process that dies holding a set is
 reclaimed like any dead lease holder.
 
@@ -28,8 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from catalog.hashing import require_sha256
 
@@ -39,10 +39,12 @@ if TYPE_CHECKING:
 __all__ = ["LeaseSet", "Proof"]
 
 
-@dataclass(frozen=True)
-class Proof:
+class Proof(NamedTuple):
     """A leased hit whose SHA-256 is still due: settle it with the digest of the bytes
-    read (:meth:`LeaseSet.settle`) or have the file hashed (:meth:`LeaseSet.prove`)."""
+    read (:meth:`LeaseSet.settle`) or have the file hashed (:meth:`LeaseSet.prove`).
+    An empty ``fingerprint`` owes only the size (:meth:`LeaseSet.open` ``sized``).
+    A tuple, not a dataclass: one is made per warm row, and a frozen dataclass's
+    ``__init__`` showed in the profile."""
 
     key: str
     size: int
@@ -99,18 +101,32 @@ class LeaseSet:
         return path
 
     def open(
-        self, key_sha256: str, size: int, fetch: Fetch, *, timeout: float | None = None
+        self,
+        key_sha256: str,
+        size: int,
+        fetch: Fetch,
+        *,
+        timeout: float | None = None,
+        sized: bool = False,
     ) -> tuple[str, Proof | None]:
         """:meth:`path`, except that a hit whose hash is due is not hashed: it comes
         with a :class:`Proof` the caller must settle or prove before trusting the bytes
-        (and before :meth:`path` is asked for the same object again)."""
+        (and before :meth:`path` is asked for the same object again).
+
+        ``sized``: the caller learns the file's size from its own read (a read that
+        asks one byte more than ``size``). A hit with no hash due is then not even
+        stat-checked: it comes with a size-only proof (empty ``fingerprint``) that the
+        caller discharges when its read got exactly ``size`` bytes, else proves."""
         held = None if self._closed else self._held.get(key_sha256)
         if held is None:
             return self.path(key_sha256, size, fetch, timeout=timeout), None
         path = self._cache._object_path(key_sha256)
-        ok, fp = self._cache._hash_pending(key_sha256, size, path)
-        if not ok:  # wrong size or gone: the ordinary path drops it and fetches again
-            return self.path(key_sha256, size, fetch, timeout=timeout), None
+        if sized and not self._cache.verify_hits:
+            fp: tuple[int, ...] | None = ()  # no hash can be due: the read checks the size
+        else:
+            ok, fp = self._cache._hash_pending(key_sha256, size, path)
+            if not ok:  # wrong size or gone: the ordinary path drops it and fetches again
+                return self.path(key_sha256, size, fetch, timeout=timeout), None
         del self._held[key_sha256]
         self._paths[key_sha256] = path
         if fp is None:
@@ -128,8 +144,10 @@ class LeaseSet:
         return False
 
     def prove(self, proof: Proof) -> bool:
-        """Hash ``proof``'s file as :meth:`path` does; as :meth:`settle` otherwise."""
-        if self._cache._check(proof.key, proof.size, proof.path, force_hash=True):
+        """Hash ``proof``'s file as :meth:`path` does (a size-only proof: check its
+        size as :meth:`path` does); as :meth:`settle` otherwise."""
+        hash_it = bool(proof.fingerprint)
+        if self._cache._check(proof.key, proof.size, proof.path, force_hash=hash_it):
             return True
         self._fail(proof)
         return False

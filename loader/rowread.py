@@ -15,7 +15,10 @@ whole, the step's later rows are read in **one** ``preadv`` (header and tensors 
 the batch row at once, the header's length being what the file's size leaves), and
 the header read is checked to describe exactly that; anything else (another header,
 a misfit, a short read) is read again the ordinary way. At kilobyte samples a read
-syscall is a fair part of what a row costs.
+syscall is a fair part of what a row costs. Without ``verify_hits`` that one read also
+asks a spare byte past the row's end, so it tells whether the file is exactly its
+size: such a row is open, read, close, with no ``stat`` (a file of the wrong size is
+dropped and fetched again, as a failed stat check drops it).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ from loader.leases import LeaseSet
 
 __all__ = ["read_safetensors_row"]
 
-#: (landed in the batch buffer, digest of the whole file as read or None, its fstat)
-_Read = tuple[bool, str | None, os.stat_result | None]
+#: (landed in the batch buffer, digest of the whole file as read or None, its fstat,
+#: whether the file was seen to be exactly ``size`` bytes long)
+_Read = tuple[bool, str | None, os.stat_result | None, bool]
 
 
 def read_safetensors_row(
@@ -59,20 +63,25 @@ def read_safetensors_row(
     Raises:
         IntegrityError: the verified file is not a well-formed safetensors latent.
     """
-    path, proof = held.open(member, size, fetch)
+    path, proof = held.open(member, size, fetch, sized=True)
+    hashed = proof is not None and bool(proof.fingerprint)  # else it owes the size only
     try:
-        landed, digest, st = _read(path, size, member, keys, frames, buffer, i, proof is not None)
+        landed, digest, st, exact = _read(
+            path, size, member, keys, frames, buffer, i, hashed, proof is not None
+        )
     except Exception:  # a malformed header, a short read, a vanished file, ...
         if proof is None or held.prove(proof):
             raise  # the verified bytes themselves are at fault, not the cached copy
     else:
         if proof is None:
             return None if landed else path
+        if not hashed and exact:
+            return None if landed else path
         if held.settle(proof, digest, st) if digest and st else held.prove(proof):
             return None if landed else path
-    # The cached file failed its hash and was dropped: read a fresh, verified copy.
+    # The cached file failed its check and was dropped: read a fresh, verified copy.
     path = held.path(member, size, fetch)
-    landed, _, _ = _read(path, size, member, keys, frames, buffer, i, False)
+    landed, _, _, _ = _read(path, size, member, keys, frames, buffer, i, False, False)
     return None if landed else path
 
 
@@ -85,7 +94,11 @@ def _read(
     buffer: BatchBuffer,
     i: int,
     digest: bool,
+    sized: bool,
 ) -> _Read:
+    """Read row ``i`` from ``path``; hash what was read when ``digest``; when
+    ``sized``, tell whether the file is exactly ``size`` bytes (from the one-read path's
+    spare byte, else an ``fstat``)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         what = f"safetensors latent {member}"
@@ -93,21 +106,24 @@ def _read(
         if got is None:
             got = _read_header_first(fd, size, keys, frames, buffer, i, what)
             if got is None:
-                return False, None, None
-        header, dest, order = got
+                return False, None, None, False
+        header, dest, order, exact = got
+        if sized and not exact:
+            exact = os.fstat(fd).st_size == size
         if not digest or not order:
-            return True, None, None
+            return True, None, None, exact
         h = hashlib.sha256(header)
         for k in order:
             h.update(dest[k])
-        return True, h.hexdigest(), os.fstat(fd)
+        return True, h.hexdigest(), os.fstat(fd), exact
     finally:
         os.close(fd)
 
 
 #: (the header's bytes as read, the row's bytes per tensor, the tensor names in file
-#: order when the header and those bytes are the whole file, else ``[]``)
-_Got = tuple[bytes, dict[str, memoryview], list[str]]
+#: order when the header and those bytes are the whole file, else ``[]``, whether the
+#: read saw the file end at exactly its size)
+_Got = tuple[bytes, dict[str, memoryview], list[str], bool]
 
 
 def _read_header_first(
@@ -134,7 +150,7 @@ def _read_header_first(
         order = []  # leading frames only: not the whole file
     if order:
         buffer.whole_rows = (header, tuple(order), tuple(keys))
-    return header, dest, order
+    return header, dest, order, False
 
 
 def _read_as_the_step(
@@ -161,10 +177,11 @@ def _read_as_the_step(
     if dest is None:  # never: the batch's own layout fits it
         return None
     head = bytearray(size - sum(len(dest[k]) for k in order))
-    if len(head) <= 8 or os.preadv(fd, [head, *(dest[k] for k in order)], 0) != size:
+    spare = bytearray(1)  # a byte past the end: a longer file fills it
+    if len(head) <= 8 or os.preadv(fd, [head, *(dest[k] for k in order), spare], 0) != size:
         return None
     if head == known and asked == tuple(keys):
-        return known, dest, list(order)
+        return known, dest, list(order), True
     if int.from_bytes(head[:8], "little") != len(head) - 8:
         return None
     try:
@@ -177,4 +194,4 @@ def _read_as_the_step(
     }
     if whole != layout or whole_file_order(specs, len(header), size) != list(order):
         return None
-    return header, dest, list(order)
+    return header, dest, list(order), True

@@ -78,3 +78,30 @@ def test_a_second_dataset_writes_into_the_blocks_the_first_one_let_go(
     assert 0 < first <= 2  # the batch the consumer holds, and the next one
     assert one_pass() == 4
     assert len(made) == first  # every batch of the second pass in recycled memory
+
+
+def test_a_step_waits_on_each_part_once_not_on_each_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from concurrent.futures import Future
+
+    snap = write_snapshot(tmp_path / "store", num_rows=48, num_steps=3, batch_size=16)
+    kw: dict[str, Any] = {"cache_budget_bytes": 64 << 20, "cache_reserve_bytes": 0}
+
+    def dataset() -> SnapshotDataset:
+        return SnapshotDataset(snap.url, 1, cache_dir=tmp_path / "node", prefetch_threads=2, **kw)
+
+    cold = [b["latent"].clone() for b in dataset()]
+    waits: list[int] = []
+    real = Future.result
+
+    def result(self: Future[Any], timeout: float | None = None) -> Any:
+        waits.append(1)
+        return real(self, timeout)
+
+    monkeypatch.setattr(Future, "result", result)
+    warm = [b["latent"].clone() for b in dataset()]
+    monkeypatch.undo()
+    # Two parts a step (two threads): it was a wait per row and per text embedding.
+    assert len(waits) == 3 * 2
+    assert all(torch.equal(a, b) for a, b in zip(cold, warm, strict=True))

@@ -20,6 +20,7 @@ from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput
 from catalog.hashing import sha256_bytes
 from catalog.objects import ObjectStore
 from loader.cache import NodeCache
+from loader.cache_anchor import release_all
 from loader.dataset import SnapshotDataset, StatefulLoader
 from loader.decode import (
     decode_bytes,
@@ -377,6 +378,7 @@ def test_prefetch_runs_k_steps_ahead_and_no_further(tmp_path: Path) -> None:
 def test_shutdown_leaks_nothing(tmp_path: Path) -> None:
     snap = write_snapshot(tmp_path / "store", num_steps=10, formats=("safetensors", "npy"))
     gc.collect()  # earlier tests' garbage must not close its files during the measure
+    release_all()  # the caches' WAL anchors: one bounded connection per database
     threads, fds = _prefetch_threads(), _fds()
     ds = _dataset(snap, tmp_path / "cache", prefetch_steps=3, prefetch_threads=4)
     # 1. The consumer stops early and closes the iterator.
@@ -401,6 +403,7 @@ def test_shutdown_leaks_nothing(tmp_path: Path) -> None:
     bad.close()
     ds.close()
     gc.collect()
+    release_all()
     assert _fds() == fds
     for root in ("cache", "cache2"):
         with NodeCache(tmp_path / root / "latents", None) as cache:

@@ -178,9 +178,59 @@ def test_a_known_header_read_in_one_go_still_honours_the_tensor_keys_asked(
         paths.append(str(path))
     size = os.path.getsize(paths[0])
     buffer = BatchBuffer(2, None)
-    assert _read(paths[0], size, "m0", [], None, buffer, 0, False)[0]  # all tensors
+    assert _read(paths[0], size, "m0", [], None, buffer, 0, False, False)[0]  # all tensors
     assert buffer.whole_rows is not None
     # Asking only "a" is another layout than the batch's: a misfit, not a full row.
-    assert not _read(paths[1], size, "m1", ["a"], None, buffer, 1, False)[0]
-    assert _read(paths[1], size, "m1", [], None, buffer, 1, False)[0]
+    assert not _read(paths[1], size, "m1", ["a"], None, buffer, 1, False, False)[0]
+    assert _read(paths[1], size, "m1", [], None, buffer, 1, False, False)[0]
     assert torch.equal(buffer.tensors["a"][1], torch.ones(2, 3))
+
+
+def _count_stats(monkeypatch: pytest.MonkeyPatch, under: Path) -> list[str]:
+    """Record every ``os.stat`` / ``os.fstat`` of a cached object (the size checks)."""
+    seen: list[str] = []
+    real_stat, real_fstat = os.stat, os.fstat
+
+    inside = f"{under}{os.sep}"
+
+    def stat(path: Any, *args: Any, **kw: Any) -> os.stat_result:
+        if str(path).startswith(inside):
+            seen.append("stat")
+        return real_stat(path, *args, **kw)
+
+    def fstat(fd: int) -> os.stat_result:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(inside):
+            seen.append("fstat")
+        return real_fstat(fd)
+
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(os, "fstat", fstat)
+    return seen
+
+
+def test_a_warm_row_without_verification_is_size_checked_by_its_own_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = _snapshot(tmp_path)  # 2 steps of 8 rows, one thread
+    cold = _latents(snap, tmp_path / "node", prefetch_threads=1)
+    stats = _count_stats(monkeypatch, tmp_path / "node" / "latents" / "objects")
+    warm = _latents(snap, tmp_path / "node", prefetch_threads=1, verify_hits=False)
+    monkeypatch.undo()
+    # One size check per step (its first row's fstat); the rows read in one go learn
+    # the size from a spare byte of that read. It was one stat a row (16).
+    assert stats == ["fstat", "fstat"], stats
+    assert all(torch.equal(a, b) for a, b in zip(cold, warm, strict=True))
+
+
+@pytest.mark.parametrize("change", ["longer", "shorter"])
+def test_a_cached_file_of_the_wrong_size_is_still_refetched_without_verification(
+    tmp_path: Path, change: str
+) -> None:
+    snap = _snapshot(tmp_path)
+    cold = _latents(snap, tmp_path / "node", prefetch_threads=1)
+    for victim in _objects(tmp_path / "node")[2:4]:  # rows read in one go
+        data = victim.read_bytes()
+        victim.write_bytes(data + b"\0" if change == "longer" else data[:-1])
+    warm = _latents(snap, tmp_path / "node", prefetch_threads=1, verify_hits=False)
+    assert all(torch.equal(a, b) for a, b in zip(cold, warm, strict=True))
+    assert _stats(tmp_path / "node")["corrupt_refetches"] == 2
