@@ -52,6 +52,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from catalog.atomic import fsync_dir
 from catalog.key_index_rows import Packed
 
 __all__ = [
@@ -431,7 +432,7 @@ class KeyRuns:
         final = self.root / name
         os.replace(writer.path, final)
         self._published.append(final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         conn.execute(
             "INSERT INTO runs (name, view, width, count) VALUES (?, ?, ?, ?)",
             (name, view, writer.width, writer.count),
@@ -601,14 +602,6 @@ def _stream_merge(readers: list[_Reader], writer: _Writer) -> None:
         if len(merged) and writer.last is not None and merged[0].tobytes() == writer.last:
             merged = merged[1:]
         writer.append(merged)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _alive(pid: str) -> bool:

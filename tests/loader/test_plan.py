@@ -263,27 +263,3 @@ def test_open_source_dispatch(tmp_path: Path) -> None:
     assert isinstance(open_source("http://127.0.0.1:1"), HttpSource)
     src = open_source(tmp_path)
     assert open_source(src) is src
-
-
-def test_rows_of_one_index_batch_are_gathered_in_one_take(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    import pyarrow.compute as pc
-
-    snap = write_snapshot(tmp_path / "store", num_rows=64, num_steps=8, batch_size=8)
-    plan = open_plan(snap.url, 1, tmp_path / "cache")
-    takes: list[int] = []
-    real = pc.take
-
-    def take(data: Any, indices: Any, **kw: Any) -> Any:
-        takes.append(len(indices))
-        return real(data, indices, **kw)
-
-    monkeypatch.setattr(pc, "take", take)
-    rows = np.array([9, 3, 3, 0, 7] * 8, dtype=np.int64)  # one index batch, out of order
-    got = plan.index_columns(rows, ["clip_id", "captions"])
-    # It was a sorted take and a second take to restore the order asked for.
-    assert takes == [len(rows)]
-    assert got.column("row").to_pylist() == rows.tolist()
-    assert got.equals(snap.index.take(rows).select(["row", "clip_id", "captions"]))
-    plan.close()
