@@ -256,7 +256,9 @@ class KeyStore:
             try:
                 for view in self._pending.views():
                     self._flush(view)
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, RunDamaged) as exc:
+                # A damaged run met while merging stays named: the next probe that
+                # reads it rebuilds the index, so leaving it here is behind, not wrong.
                 self._pending.clear()
                 log.warning("key index %s: pending keys not written (%s)", self.path, exc)
             self._shut()

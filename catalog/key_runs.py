@@ -351,16 +351,23 @@ def merge_plan(counts: list[int]) -> int | None:
 
 
 class _Reader:
-    """A run's digests in chunks of :data:`CHUNK_KEYS`, in order."""
+    """A run's digests in chunks of :data:`CHUNK_KEYS` (whole blocks), in order, each
+    block checked against its checksum: a merge must not carry a damaged input into a
+    run whose checksums it computes afresh."""
 
     def __init__(self, run: _Open) -> None:
         self.run, self.at = run, 0
 
     def next(self) -> NDArray[np.uint8]:
-        w, n = self.run.width, min(CHUNK_KEYS, self.run.count - self.at)
+        whole = max(BLOCK, CHUNK_KEYS - CHUNK_KEYS % BLOCK)  # chunks of whole blocks
+        w, n = self.run.width, min(whole, self.run.count - self.at)
         data = os.pread(self.run.fd, n * w, _HEADER.size + self.at * w)
         if len(data) != n * w:
             raise RunDamaged(self.run.path, "short read")
+        first = self.at // BLOCK
+        sums = _block_sums(np.frombuffer(data, np.uint8), w)
+        if not (sums == self.run.sums[first : first + len(sums)]).all():
+            raise RunDamaged(self.run.path, "block checksum mismatch")
         self.at += n
         return np.frombuffer(data, np.uint8).reshape(-1, w)
 

@@ -206,6 +206,21 @@ def test_a_damaged_run_is_never_read_as_absent(tmp_path: Path, how: str) -> None
         store.has(keys[:10])
 
 
+def test_a_merge_refuses_a_damaged_input_rather_than_rewriting_its_checksums(
+    tmp_path: Path,
+) -> None:
+    rng = np.random.default_rng(6)
+    big, small = _keys(rng, 2000), _keys(rng, 300)
+    store = _Store(tmp_path)
+    store.add(big)
+    store.add(small)
+    largest = store.runs.listed(store.conn, "clips")[0]
+    _damage(store.runs.root / largest.name, "flip")
+    with pytest.raises(RunDamaged, match=largest.name):
+        store.settle()
+    assert len(store.runs.listed(store.conn, "clips")) == 2  # nothing replaced
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     steps=st.lists(
