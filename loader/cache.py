@@ -732,6 +732,23 @@ class NodeCache:
         fp = _fingerprint(st)
         return True, fp if self._hash_due(key, fp) else None
 
+    def _stat_fingerprint(self, key: str, size: int, path: str) -> tuple[int, ...] | None:
+        """The stat fingerprint of cached file ``path`` when it holds ``size`` bytes,
+        else None (wrong size or gone): the size check of a pack entry's hit."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return _fingerprint(st) if st.st_size == size else None
+
+    def _member_proved(self, member: str, fp: tuple[int, ...]) -> bool:
+        """Whether this process proved ``member`` (a pack member) from the pack file
+        with fingerprint ``fp`` (the pack's stat and the member's offset)."""
+        return self._verified.get("m" + member) == fp
+
+    def _prove_member(self, member: str, fp: tuple[int, ...]) -> None:
+        self._verified.put("m" + member, fp)
+
     def _settle(self, key: str, fp: tuple[int, ...], digest: str, st: os.stat_result) -> bool:
         """The hash half of :meth:`_check`, for bytes the caller read and hashed
         itself: True when ``digest`` is ``key``; the fingerprint is remembered only if

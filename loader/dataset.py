@@ -75,6 +75,7 @@ from loader.decode import (
 )
 from loader.device import check_device, prefetch_to_device
 from loader.leases import LeaseSet
+from loader.packs import DEFAULT_PACK_MAX_BYTES, FALLBACK, group_packed, read_pack_rows
 from loader.plan import PlanReader, StepInfo, open_plan
 from loader.rowread import read_safetensors_row
 from loader.source import SnapshotSource, open_source
@@ -135,6 +136,9 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             the training process: by this dataset's own iterator, or by
             :class:`StatefulLoader` when DataLoader workers produce the batches.
         device: the target of ``prefetch_to_device`` (default ``cuda``).
+        pack_max_bytes: rows whose latent is a small member (at most 1/16) of an
+            object of at most this many bytes are read through the whole object,
+            cached as one entry (:mod:`loader.packs`); 0: every member is its own entry.
     """
 
     def __init__(
@@ -160,6 +164,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         on_corrupt: OnCorrupt = "skip",
         prefetch_to_device: int = 0,
         device: str | torch.device | None = None,
+        pack_max_bytes: int = DEFAULT_PACK_MAX_BYTES,
     ) -> None:
         super().__init__()
         if world_size < 1 or not 0 <= rank < world_size:
@@ -168,6 +173,8 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             prefetch_threads = _default_threads()
         if prefetch_steps < 0 or prefetch_threads < 1:
             raise InvalidInput("prefetch_steps must be >= 0 and prefetch_threads >= 1")
+        if pack_max_bytes < 0:
+            raise InvalidInput(f"pack_max_bytes must be >= 0, got {pack_max_bytes}")
         if start_step < 0:
             raise InvalidInput(f"start_step must be >= 0, got {start_step}", step=start_step)
         self.source = source if isinstance(source, SnapshotSource) else os.fspath(source)
@@ -186,6 +193,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         self.on_corrupt = check_policy(on_corrupt)
         self.device = check_device(prefetch_to_device, device)
         self.prefetch_to_device = prefetch_to_device
+        self.pack_max_bytes = pack_max_bytes
         self._source_kw = {"token": token, "endpoint_url": endpoint_url, "path_style": path_style}
         self._next_step = start_step
         self._plan: PlanReader | None = None
@@ -427,14 +435,26 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         part: range,
     ) -> list[tuple[Outcome, Outcome]]:
         """Read rows ``part`` of a step under one :class:`LeaseSet`: the cached objects
-        are leased in one transaction and all returned in one more (docs/cache.md).
+        are leased in one transaction and all returned in one more (docs/cache.md);
+        small members of a pack through one entry per pack (:mod:`loader.packs`).
         Returns each row's (latent, text embedding) outcome."""
         out: list[tuple[Outcome, Outcome]] = []
-        lo, hi = part.start, part.stop
-        wanted = zip(cols["member_sha256"][lo:hi], cols["length"][lo:hi], strict=True)
+        packs, rest = group_packed(cols, part, self._object_size, self.pack_max_bytes)
+        members, lengths = cols["member_sha256"], cols["length"]
+        wanted = [(members[i], lengths[i]) for i in rest]
+        wanted += [(obj, self._sizes[obj]) for obj in packs]
         with cache.leases(wanted) as held:
+            packed: dict[int, object] = {}
+            for obj, rows in packs.items():
+                packed.update(self._read_pack(held, obj, rows, cols, buffer))
             for i in part:
-                latent = outcome(self._load_latent, held, cols, buffer, i)
+                got = packed.get(i, FALLBACK)
+                if got is FALLBACK:
+                    latent = outcome(self._load_latent, held, cols, buffer, i)
+                elif got is None:
+                    latent = (None, None)
+                else:
+                    latent = outcome(self._latent_failed, cols, i, got)
                 sha = embed_shas[i]
                 embed = outcome(self._load_embedding, held, sha) if sha else (None, None)
                 out.append((latent, embed))
@@ -458,8 +478,15 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         try:
             return self._read_latent(held, cols, buffer, i)
         except (IntegrityError, InvalidInput) as exc:
-            rec = {name: values[i] for name, values in cols.items()}
-            err = named_error(rec, exc)
+            return self._latent_failed(cols, i, exc)
+
+    def _latent_failed(self, cols: _Columns, i: int, exc: object) -> Corrupt:
+        """Row ``i`` failed with ``exc``: :class:`Corrupt` when its stored member is
+        corrupt and the policy skips, else raise the error named after the row."""
+        if not isinstance(exc, (IntegrityError, InvalidInput)):
+            raise exc if isinstance(exc, BaseException) else TypeError(exc)
+        rec = {name: values[i] for name, values in cols.items()}
+        err = named_error(rec, exc)
         # Recorded under either policy; only a failure of the source's own bytes counts.
         corrupt = isinstance(err, ChecksumMismatch) and confirm_and_record(
             self._open_source(), rec, self.version, err
@@ -505,11 +532,26 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             copy_into(slots[k], t)
         return None
 
-    def _load_embedding(self, held: LeaseSet, sha: str) -> Any:
-        src = self._open_source()
+    def _object_size(self, sha: str) -> int:
         size = self._sizes.get(sha)
         if size is None:
-            size = self._sizes[sha] = src.object_size(sha)
+            size = self._sizes[sha] = self._open_source().object_size(sha)
+        return size
+
+    def _read_pack(
+        self, held: LeaseSet, obj: str, rows: list[int], cols: _Columns, buffer: BatchBuffer
+    ) -> dict[int, object]:
+        """Rows ``rows``, members of pack ``obj``, through its one cache entry."""
+        src, size = self._open_source(), self._sizes[obj]
+
+        def fetch(tmp: Path) -> None:
+            src.fetch_range(obj, 0, size, tmp)  # verified by the cache, as below
+
+        return read_pack_rows(held, obj, size, fetch, rows, cols, buffer)
+
+    def _load_embedding(self, held: LeaseSet, sha: str) -> Any:
+        src = self._open_source()
+        size = self._object_size(sha)
 
         def fetch(tmp: Path) -> None:
             src.fetch_range(sha, 0, size, tmp)  # verified by the cache, as above

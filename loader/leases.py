@@ -133,6 +133,28 @@ class LeaseSet:
             return path, None
         return path, Proof(key_sha256, size, path, fp, held[0], held[1])
 
+    def open_pack(
+        self, key_sha256: str, size: int, fetch: Fetch, *, timeout: float | None = None
+    ) -> tuple[str, Proof | None]:
+        """A whole pack object (one entry serving many small members), leased and
+        size-checked, **never hashed on a hit**: the reader proves each member it reads
+        by its ``member_sha256`` (:mod:`loader.packs`). Ask once per pack and set.
+
+        Returns the path and, for a hit, a :class:`Proof` (``fingerprint``: the pack
+        file's stat) to :meth:`prove` when a member fails its hash: the whole pack is
+        then hashed once, and dropped (``corrupt_refetches`` + 1) if it is the copy at
+        fault. None for a pack downloaded (and so hashed whole) just now."""
+        held = None if self._closed else self._held.pop(key_sha256, None)
+        if held is not None:
+            path = self._cache._object_path(key_sha256)
+            fp = self._cache._stat_fingerprint(key_sha256, size, path)
+            if fp is not None:
+                self._paths[key_sha256] = path
+                return path, Proof(key_sha256, size, path, fp, held[0], held[1])
+            self._ids.remove(held[0])
+            self._cache._drop_corrupt(key_sha256, held[1], held[0], was_hit=True)
+        return self.path(key_sha256, size, fetch, timeout=timeout), None
+
     def settle(self, proof: Proof, digest: str, st: os.stat_result) -> bool:
         """Whether ``digest``, the SHA-256 of every byte of ``proof``'s object as read
         through a file whose ``fstat`` (taken after the read) is ``st``, proves it.

@@ -1,0 +1,240 @@
+"""Pack entries: small members read at their offsets from one cached pack object.
+
+A row whose latent is a small member of a larger object (``member_sha256`` differs
+from ``object_sha256``) is, by default, fetched into the node cache as its own entry:
+one lease, one file, one ``open`` per sample. At kilobyte samples those per-file costs
+are most of a row (docs/cache.md). A row goes through a **pack entry** instead when
+
+* its format is ``safetensors``,
+* its member is at most 1/:data:`MEMBER_FRACTION` of its object, and
+* the object is at most ``pack_max_bytes`` (:data:`DEFAULT_PACK_MAX_BYTES`; 0: never).
+
+The cache then holds the whole object, keyed by its SHA-256 and accounted (budget,
+eviction) by its size: one entry, one lease and one open file per pack and part of a
+step, whatever the number of its rows. :func:`read_pack_rows` groups a part's rows by
+pack and reads each row's member in one ``preadv`` (header into a scratch buffer, the
+tensors straight into the batch row) once a row of the step taught the layout.
+
+**Proof.** The pack is hashed whole once, when it is downloaded. A member is hashed
+against its ``member_sha256`` over the very bytes read into the batch the first time
+this process reads it from that pack file (same device, inode, size, mtime, ctime,
+offset), whatever ``verify_hits``: that is the member's download check, which a
+member fetched alone gets from the cache. A pack is never hashed again to serve a
+member. A member that fails its hash has the pack hashed whole once (on a hit): a
+corrupt cached copy is dropped (``corrupt_refetches`` + 1) and the member read again
+from a fresh, verified download; a pack that passes means the stored member itself
+is corrupt, which the dataset reports as any corrupt member (:mod:`loader.corrupt`).
+
+Rows the pack path cannot land (a header that does not describe the batch's layout,
+leading frames cut by the bucket, a short read) fall back to the per-member path,
+which raises the usual errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from catalog.errors import ChecksumMismatch, IntegrityError, VidlakeError
+from loader.batch import BatchBuffer
+from loader.cache import Fetch
+from loader.decode import keep_frames, safetensors_header_specs, whole_file_order
+from loader.leases import LeaseSet
+
+__all__ = [
+    "DEFAULT_PACK_MAX_BYTES",
+    "FALLBACK",
+    "MEMBER_FRACTION",
+    "group_packed",
+    "read_pack_rows",
+]
+
+#: A member goes through its pack's entry only when it is at most this fraction of it.
+MEMBER_FRACTION = 16
+#: Objects larger than this are never cached whole for their members (the default).
+DEFAULT_PACK_MAX_BYTES = 256 << 20
+#: A row's result meaning "read it the per-member way" (see the module docstring).
+FALLBACK = object()
+
+#: A step's index columns as lists, one value per row (as loader.dataset's).
+_Columns = dict[str, list[Any]]
+
+
+def group_packed(
+    cols: _Columns, part: range, object_size: Callable[[str], int], max_bytes: int
+) -> tuple[dict[str, list[int]], list[int]]:
+    """Rows of ``part`` that go through a pack entry, by object, and the rest.
+
+    ``object_size`` is asked only for objects that may qualify (an object's size is
+    not in the index)."""
+    packs: dict[str, list[int]] = {}
+    rest: list[int] = []
+    if max_bytes <= 0:
+        return packs, list(part)
+    objs, members, offs, lens = (
+        cols["object_sha256"],
+        cols["member_sha256"],
+        cols["offset"],
+        cols["length"],
+    )
+    fmts = cols["format"]
+    bound = max_bytes // MEMBER_FRACTION
+    for i in part:
+        obj, n = objs[i], lens[i]
+        if (
+            obj == members[i]
+            or fmts[i] != "safetensors"
+            or n > bound
+            or offs[i] + n > max_bytes
+            or (size := _size(object_size, obj)) > max_bytes
+            or n * MEMBER_FRACTION > size
+        ):
+            rest.append(i)
+        else:
+            packs.setdefault(obj, []).append(i)
+    return packs, rest
+
+
+def _size(object_size: Callable[[str], int], obj: str) -> int:
+    """The object's size; one that cannot be sized counts as too large to pack (the
+    per-member path then reports what is wrong with it, row by row)."""
+    try:
+        return object_size(obj)
+    except VidlakeError:
+        return 1 << 62
+
+
+class _Reader:
+    """One pack file open for one part: its rows read into the batch."""
+
+    def __init__(
+        self, held: LeaseSet, fd: int, cols: _Columns, buffer: BatchBuffer, pack: str
+    ) -> None:
+        self.held, self.fd, self.cols, self.buffer = held, fd, cols, buffer
+        self.pack = pack
+        st = os.fstat(fd)
+        self.fp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        self.cache = held._cache
+
+    def row(self, i: int) -> object:
+        """Read row ``i``: None (landed), :data:`FALLBACK`, or a digest that failed."""
+        cols, buffer = self.cols, self.buffer
+        off, n, member = cols["offset"][i], cols["length"][i], cols["member_sha256"][i]
+        taught, layout = buffer.whole_rows, buffer.layout
+        fp = (*self.fp, off)
+        proved = self.cache._member_proved(member, fp)
+        if taught is not None and layout is not None and taught[2] == tuple(cols["tensor_keys"][i]):
+            known, order, _ = taught
+            dest = buffer.row_bytes(i, layout)
+            if dest is not None:
+                views = [dest[k] for k in order]
+                head = bytearray(len(known))
+                if len(known) + sum(len(v) for v in views) == n:
+                    if os.preadv(self.fd, [head, *views], off) != n:
+                        return FALLBACK
+                    if head == known:
+                        if proved:
+                            return None
+                        h = hashlib.sha256(head)
+                        for v in views:
+                            h.update(v)
+                        return self._proved(member, fp, h.hexdigest())
+        return self._row_whole(i, off, n, member, fp, proved)
+
+    def _proved(self, member: str, fp: tuple[int, ...], digest: str) -> str | None:
+        if digest != member:
+            return digest
+        self.cache._prove_member(member, fp)
+        return None
+
+    def _row_whole(
+        self, i: int, off: int, n: int, member: str, fp: tuple[int, ...], proved: bool
+    ) -> object:
+        """Read the member whole, prove it, parse its header, copy its tensors in; it
+        teaches the step's later rows the one-read layout."""
+        data = os.pread(self.fd, n, off)
+        if len(data) != n:
+            return FALLBACK
+        if not proved and (bad := self._proved(member, fp, hashlib.sha256(data).hexdigest())):
+            return bad
+        keys = self.cols["tensor_keys"][i]
+        hlen = int.from_bytes(data[:8], "little")
+        if n < 8 or hlen > n - 8:
+            raise IntegrityError(f"safetensors latent {member}: header length {hlen} exceeds it")
+        what = f"safetensors latent {member}"
+        specs = safetensors_header_specs(data[8 : 8 + hlen], n, keys, what)
+        frames = self.cols["num_frames"][i]
+        layout = {k: (s.dtype, keep_frames(s.shape, frames)) for k, s in specs.items()}
+        order = whole_file_order(specs, 8 + hlen, n)
+        if not order or any(layout[k][1] != specs[k].shape for k in order):
+            return FALLBACK  # leading frames only, or gaps: the per-member path
+        dest = self.buffer.row_bytes(i, layout)
+        if dest is None:
+            return FALLBACK  # a misfit: the per-member path names both layouts
+        view = memoryview(data)
+        for k, spec in specs.items():
+            dest[k][:] = view[spec.start : spec.end]
+        self.buffer.whole_rows = (data[: 8 + hlen], tuple(order), tuple(keys))
+        return None
+
+
+def read_pack_rows(
+    held: LeaseSet,
+    pack: str,
+    size: int,
+    fetch: Fetch,
+    rows: Sequence[int],
+    cols: _Columns,
+    buffer: BatchBuffer,
+) -> dict[int, object]:
+    """Read ``rows`` (members of object ``pack`` of ``size`` bytes) into ``buffer``
+    through the pack's cache entry.
+
+    Returns each row's result: None (it landed), :data:`FALLBACK` (read it the
+    per-member way) or a :class:`ChecksumMismatch` (its stored member is corrupt).
+    """
+    path, proof = held.open_pack(pack, size, fetch)
+    out, failed = _read_all(held, path, pack, rows, cols, buffer)
+    if failed and proof is not None and not held.prove(proof):
+        # The cached copy was at fault (dropped): read those rows from a fresh download.
+        path = held.path(pack, size, fetch)
+        again, failed = _read_all(held, path, pack, list(failed), cols, buffer)
+        out.update(again)
+    for i, digest in failed.items():
+        out[i] = _member_error(cols, i, pack, digest)
+    return out
+
+
+def _read_all(
+    held: LeaseSet, path: str, pack: str, rows: Sequence[int], cols: _Columns, buffer: BatchBuffer
+) -> tuple[dict[int, object], dict[int, str]]:
+    """Each row's result, and the digests of the rows whose member failed its hash."""
+    out: dict[int, object] = {}
+    failed: dict[int, str] = {}
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        reader = _Reader(held, fd, cols, buffer, pack)
+        offs = cols["offset"]
+        for i in sorted(rows, key=offs.__getitem__):  # file order
+            try:
+                got = reader.row(i)
+            except Exception as exc:  # this row's failure is its own
+                got = exc
+            if isinstance(got, str):
+                failed[i] = got
+            else:
+                out[i] = got
+    finally:
+        os.close(fd)
+    return out, failed
+
+
+def _member_error(cols: _Columns, i: int, pack: str, digest: str) -> ChecksumMismatch:
+    member, off = cols["member_sha256"][i], cols["offset"][i]
+    return ChecksumMismatch(
+        f"member of {pack}@{off}: SHA-256 {digest} does not match {member}",
+        sha256=member,
+        actual=digest,
+    )
