@@ -72,6 +72,8 @@ from loader.dataset import SnapshotDataset
 from manifests.synthetic import write_big_snapshot, write_snapshot
 
 MiB = 1 << 20
+#: The size of vidlake's packs for small samples (LitData's chunks here are 64 MB).
+PACK_BYTES = 64 * MiB
 FRAME = 9 * 8 * 8 * 4  # bytes per channel of a (C, 9, 8, 8) float32 latent
 # name -> (sample bytes, samples (full, quick), batch)
 SIZES = {
@@ -113,11 +115,15 @@ def _stacked(samples: Iterator[torch.Tensor], batch: int) -> Iterator[torch.Tens
 
 # -- the systems -------------------------------------------------------------------------
 class Vidlake:
-    def __init__(self, work: Path, nbytes: int, n: int, batch: int, threads: int | None):
+    def __init__(
+        self, work: Path, nbytes: int, n: int, batch: int, threads: int | None, pack: int = 1
+    ):
         self.channels = nbytes // FRAME
         self.batch = batch
+        work = work / f"pack{pack}" if pack > 1 else work
         self.snap = write_snapshot(
             work / "store",
+            pack=pack,
             num_rows=n,
             num_steps=n // batch,
             batch_size=batch,
@@ -258,6 +264,10 @@ def _measure_size(
 ) -> dict[str, float]:
     n -= n % batch  # whole steps: 20,000 16 KB samples are 78 steps of 256
     vid = Vidlake(work, nbytes, n, batch, args.threads)
+    # Small samples are also ingested packed (PACK_BYTES objects, as LitData's chunks
+    # and Streaming's shards are packed), read through the node cache's pack entries.
+    pack = PACK_BYTES // nbytes if args.packed and nbytes * 16 <= PACK_BYTES else 1
+    packed = Vidlake(work, nbytes, n, batch, args.threads, pack) if pack > 1 else None
     tensors = list(vid.tensors()) if args.peers else []
     peers = {
         "streaming": _peer("streaming", lambda: Streaming(work, tensors, batch), notes),
@@ -270,10 +280,17 @@ def _measure_size(
         "into_batch": vid.into_batch,
         "vidlake": lambda: vid.run(False),
         "vidlake_verify": lambda: vid.run(True),
+        **(
+            {"packed": lambda: packed.run(False), "packed_verify": lambda: packed.run(True)}
+            if packed is not None
+            else {}
+        ),
         **{k: p.run for k, p in peers.items() if p is not None},
     }
     secs: dict[str, list[float]] = {k: [] for k in runs}
-    cpu: dict[str, list[float]] = {k: [] for k in ("raw", "vidlake", "vidlake_verify")}
+    cpu: dict[str, list[float]] = {
+        k: [] for k in ("raw", "vidlake", "vidlake_verify", "packed", "packed_verify")
+    }
     for _ in range(args.repeat):
         for name, run in runs.items():
             s, got = run()
@@ -281,11 +298,11 @@ def _measure_size(
                 raise SystemExit(f"{name} delivered {got} samples, not {n}")
             secs[name].append(s)
             if name in cpu:
-                cpu[name].append(vid.cpu_s)
+                cpu[name].append((packed if name.startswith("packed") else vid).cpu_s)  # type: ignore[union-attr]
     rates = {k: n / statistics.median(v) for k, v in secs.items()}  # samples per second
     # CPU seconds a sample (every thread of the process): what a loaded box cannot
     # blur as much as the wall clock.
-    rates.update({f"cpu_{k}": statistics.median(v) / n for k, v in cpu.items()})
+    rates.update({f"cpu_{k}": statistics.median(v) / n for k, v in cpu.items() if v})
     return rates
 
 
@@ -444,6 +461,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--peers-path", default=None, help="where the peers are installed")
     parser.add_argument("--no-peers", dest="peers", action="store_false")
     parser.add_argument(
+        "--no-packed",
+        dest="packed",
+        action="store_false",
+        help="do not ingest small samples packed too (one object per sample only)",
+    )
+    parser.add_argument(
         "--no-processes",
         dest="processes",
         action="store_false",
@@ -492,21 +515,28 @@ def _result(
     args: argparse.Namespace,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {"benchmark": "loader_peers", "quick": args.quick, "threads": threads}
+    # Where a size was also ingested packed, its x_ ratios are the packed path's
+    # ("packed_sizes" names them); the one-object-per-sample figures keep "_unpacked".
+    out["packed_sizes"] = [name for name, r in rates.items() if "packed" in r]
     for name, r in rates.items():
-        out[f"x_raw_{name}"] = round(r["vidlake"] / r["raw"], 3)
-        out[f"vidlake_{name}_samples_s"] = round(r["vidlake"], 1)
-        out[f"vidlake_verify_{name}_samples_s"] = round(r["vidlake_verify"], 1)
+        own = "packed" if "packed" in r else "vidlake"
+        if own == "packed":
+            out[f"x_raw_{name}_unpacked"] = round(r["vidlake"] / r["raw"], 3)
+            out[f"vidlake_{name}_unpacked_samples_s"] = round(r["vidlake"], 1)
+            out[f"vidlake_verify_{name}_unpacked_samples_s"] = round(r["vidlake_verify"], 1)
+        out[f"x_raw_{name}"] = round(r[own] / r["raw"], 3)
+        out[f"vidlake_{name}_samples_s"] = round(r[own], 1)
+        out[f"vidlake_verify_{name}_samples_s"] = round(r[f"{own}_verify"], 1)
         out[f"raw_{name}_samples_s"] = round(r["raw"], 1)
-        out[f"cpu_us_{name}"] = {
-            k: round(r[f"cpu_{k}"] * 1e6, 1) for k in ("raw", "vidlake", "vidlake_verify")
-        }
-        out[f"x_raw_cpu_{name}"] = round(r["cpu_raw"] / r["cpu_vidlake"], 3)
+        cpu = ("raw", "vidlake", "vidlake_verify", "packed", "packed_verify")
+        out[f"cpu_us_{name}"] = {k: round(r[f"cpu_{k}"] * 1e6, 1) for k in cpu if f"cpu_{k}" in r}
+        out[f"x_raw_cpu_{name}"] = round(r["cpu_raw"] / r[f"cpu_{own}"], 3)
         out[f"into_batch_{name}_samples_s"] = round(r["into_batch"], 1)
-        out[f"x_into_batch_{name}"] = round(r["vidlake"] / r["into_batch"], 3)
+        out[f"x_into_batch_{name}"] = round(r[own] / r["into_batch"], 3)
         for peer in ("streaming", "litdata", "webdataset"):
             if peer in r:
                 out[f"{peer}_{name}_samples_s"] = round(r[peer], 1)
-                out[f"x_{peer}_{name}"] = round(r["vidlake"] / r[peer], 3)
+                out[f"x_{peer}_{name}"] = round(r[own] / r[peer], 3)
     for peer in ("streaming", "litdata", "webdataset"):
         ratios = [out[k] for k in out if k.startswith(f"x_{peer}_")]
         out[f"x_{peer}_min"] = min(ratios) if ratios else None

@@ -82,6 +82,8 @@ DiskFree = Callable[[Path], int]
 _BUSY_TIMEOUT_S = 60.0
 _POLL_MIN_S, _POLL_MAX_S = 0.001, 0.05
 _FINGERPRINTS_MAX = 100_000
+#: Pack files whose proved members a process remembers (loader.packs).
+_PACKS_MAX = 4096
 # Errnos that mean "the disk (or the quota) is full", however a fetch reports them.
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -133,6 +135,23 @@ class _Verified:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._fps: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        #: Pack members proved, per pack file: (pack, its stat fingerprint) -> {offset:
+        #: the member SHA-256 its bytes there hashed to} (loader.packs).
+        self._members: OrderedDict[tuple[str, tuple[int, ...]], dict[int, str]] = OrderedDict()
+
+    def members(self, pack: str, fp: tuple[int, ...]) -> dict[int, str]:
+        """The members this process proved from pack file ``fp`` of object ``pack``
+        (a live dict: the reader adds what it proves). At most ``_PACKS_MAX`` files."""
+        key = (pack, fp)
+        with self._lock:
+            got = self._members.get(key)
+            if got is None:
+                got = self._members[key] = {}
+                while len(self._members) > _PACKS_MAX:
+                    self._members.popitem(last=False)
+            else:
+                self._members.move_to_end(key)
+            return got
 
     def get(self, key: str) -> tuple[int, ...] | None:
         return self._fps.get(key)
@@ -151,6 +170,7 @@ class _Verified:
     def clear(self) -> None:
         with self._lock:
             self._fps.clear()
+            self._members.clear()
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()  # another thread may have held it at fork()
@@ -741,13 +761,11 @@ class NodeCache:
             return None
         return _fingerprint(st) if st.st_size == size else None
 
-    def _member_proved(self, member: str, fp: tuple[int, ...]) -> bool:
-        """Whether this process proved ``member`` (a pack member) from the pack file
-        with fingerprint ``fp`` (the pack's stat and the member's offset)."""
-        return self._verified.get("m" + member) == fp
-
-    def _prove_member(self, member: str, fp: tuple[int, ...]) -> None:
-        self._verified.put("m" + member, fp)
+    def _proved_members(self, pack: str, fp: tuple[int, ...]) -> dict[int, str]:
+        """``{offset: member SHA-256}`` of the members this process proved by hashing
+        them from pack file ``fp`` (its stat fingerprint) of object ``pack``; the
+        reader adds each member it proves (:mod:`loader.packs`)."""
+        return self._verified.members(pack, fp)
 
     def _settle(self, key: str, fp: tuple[int, ...], digest: str, st: os.stat_result) -> bool:
         """The hash half of :meth:`_check`, for bytes the caller read and hashed

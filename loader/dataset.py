@@ -75,7 +75,13 @@ from loader.decode import (
 )
 from loader.device import check_device, prefetch_to_device
 from loader.leases import LeaseSet
-from loader.packs import DEFAULT_PACK_MAX_BYTES, FALLBACK, group_packed, read_pack_rows
+from loader.packs import (
+    DEFAULT_PACK_MAX_BYTES,
+    FALLBACK,
+    UNPACKABLE,
+    group_packed,
+    read_pack_rows,
+)
 from loader.plan import PlanReader, StepInfo, open_plan
 from loader.rowread import read_safetensors_row
 from loader.source import SnapshotSource, open_source
@@ -199,6 +205,8 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         self._plan: PlanReader | None = None
         self._src: SnapshotSource | None = None
         self._sizes: dict[str, int] = {}
+        #: Packs whose stored bytes failed their SHA-256: read member by member.
+        self._unpackable: set[str] = set()
         self._erased_skipped = 0
         self._corrupt_skipped = 0
         self._buffers: BufferPool | None = None
@@ -207,7 +215,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Clients are per process; the plan reader pickles as paths and remaps lazily.
-        state.update(_src=None, _sizes={}, _buffers=None)
+        state.update(_src=None, _sizes={}, _buffers=None, _unpackable=set())
         return state
 
     @property
@@ -439,7 +447,9 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         small members of a pack through one entry per pack (:mod:`loader.packs`).
         Returns each row's (latent, text embedding) outcome."""
         out: list[tuple[Outcome, Outcome]] = []
-        packs, rest = group_packed(cols, part, self._object_size, self.pack_max_bytes)
+        packs, rest = group_packed(
+            cols, part, self._object_size, self.pack_max_bytes, self._unpackable
+        )
         members, lengths = cols["member_sha256"], cols["length"]
         wanted = [(members[i], lengths[i]) for i in rest]
         wanted += [(obj, self._sizes[obj]) for obj in packs]
@@ -449,7 +459,9 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
                 packed.update(self._read_pack(held, obj, rows, cols, buffer))
             for i in part:
                 got = packed.get(i, FALLBACK)
-                if got is FALLBACK:
+                if got is UNPACKABLE:
+                    self._unpackable.add(cols["object_sha256"][i])
+                if got is FALLBACK or got is UNPACKABLE:
                     latent = outcome(self._load_latent, held, cols, buffer, i)
                 elif got is None:
                     latent = (None, None)
