@@ -68,8 +68,9 @@ def _taken(
     names: list[str],
     schema: pa.Schema,
 ) -> pa.Table:
-    """One ``take`` per mapped batch the records are in, one more to restore the order;
-    just one when they all are in one batch (the common step: ~1.3 ms less at 256 rows)."""
+    """One ``take`` per mapped batch the records are in, concatenated, one more to
+    restore the order; just one when they all are in one batch (the common step:
+    ~1.3 ms less at 256 rows)."""
     first = int(b[0])
     if (b == first).all() and 0 <= first < file.num_batches:
         batch = file.batch(first)
@@ -88,10 +89,12 @@ def _taken(
             parts.append(_misplaced(len(p), schema))
         else:
             parts.append(file.batch(bi).select(names).take(_indices(p)))
-    table = pa.Table.from_batches(parts, schema=schema)
+    # One batch, then one take restoring the order: a take over the chunked table
+    # cost ~2 ms at 256 rows in 2-5 index batches, against ~0.6 ms this way.
+    batch = pa.concat_batches(parts)
     inverse = np.empty_like(order)
     inverse[order] = np.arange(len(order))
-    return table.take(_indices(inverse)).combine_chunks()
+    return pa.Table.from_batches([batch.take(_indices(inverse))], schema=schema)
 
 
 def _indices(a: NDArray[np.int64]) -> pa.Array:
