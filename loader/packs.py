@@ -150,7 +150,11 @@ class _Reader:
                 if fast is None or n != fast.size or keys_col[i] != fast.keys:
                     got = self._whole(i, off, n, member)
                 else:
-                    views = [flat[i * nb : (i + 1) * nb] for flat, nb in fast.flats]
+                    if fast.one is not None:  # one tensor: no comprehension a row
+                        flat, nb = fast.one
+                        views = [flat[i * nb : (i + 1) * nb]]
+                    else:
+                        views = [flat[i * nb : (i + 1) * nb] for flat, nb in fast.flats]
                     head = fast.head
                     if preadv(fd, [head, *views], off) != n:
                         got = FALLBACK
@@ -182,7 +186,8 @@ class _Reader:
             flat = self.buffer.tensors[k].reshape(-1).view(torch.uint8).numpy().data
             flats.append((flat, len(flat) // self.buffer.rows))
         size = len(known) + sum(nb for _, nb in flats)
-        return _Fast(known, bytearray(len(known)), list(asked), flats, size)
+        one = flats[0] if len(flats) == 1 else None
+        return _Fast(known, bytearray(len(known)), list(asked), flats, size, one)
 
     def _proved(self, off: int, member: str, digest: str) -> str | None:
         if digest != member:
@@ -230,6 +235,7 @@ class _Fast(NamedTuple):
     keys: list[str]
     flats: list[tuple[memoryview, int]]
     size: int
+    one: tuple[memoryview, int] | None
 
 
 def read_pack_rows(

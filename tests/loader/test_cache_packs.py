@@ -58,6 +58,10 @@ def _same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
     for x, y in zip(a, b, strict=True):
         assert x["clip_ids"] == y["clip_ids"]
         assert torch.equal(x["latent"], y["latent"])
+        assert torch.equal(x["latent"].flatten(1)[:, 0], x["rows"].float())
+        if "aux" in x:
+            assert torch.equal(x["aux"], y["aux"])
+            assert torch.equal(x["aux"].flatten(1)[:, 0], x["rows"].float() + 0.5)
 
 
 def _stats(cache: Path) -> dict[str, Any]:
@@ -71,8 +75,11 @@ def _packs(snap: SynthSnapshot) -> dict[str, int]:
     return {sha: info.size for sha in shas if (info := store.head(sha)) is not None}
 
 
-def test_a_pack_is_one_entry_downloaded_once_and_hit_after(tmp_path: Path) -> None:
-    snap = _snap(tmp_path)
+@pytest.mark.parametrize("keys", [("latent",), ("latent", "aux")])
+def test_a_pack_is_one_entry_downloaded_once_and_hit_after(
+    tmp_path: Path, keys: tuple[str, ...]
+) -> None:
+    snap = _snap(tmp_path, tensor_keys=keys)
     packs = _packs(snap)
     assert len(packs) == 2
     reference = _batches(_ds(snap, tmp_path / "per-member", pack_max_bytes=0))
