@@ -14,7 +14,12 @@ as batches of stacked tensors:
   vidlake's destination memory (``x_into_batch_<size>`` = vidlake over it);
 * **vidlake**: ``SnapshotDataset`` through its node cache, ``verify_hits`` off and on
   (the "already verified" memory is cleared before each verify-on pass, so each pass
-  hashes every object it touches);
+  hashes every object it touches). Sizes of at most 1/16 of 64 MB (256 KB, 16 KB)
+  are also ingested **packed**, 64 MB objects as LitData's chunks and Streaming's
+  shards are, and read through the cache's pack entries (``loader.packs``); where a
+  size is packed its ``x_`` ratios and ``vidlake_<size>_samples_s`` are the packed
+  path's (``packed_sizes`` names them) and the one-object-per-sample figures keep
+  ``_unpacked`` keys (``--no-packed``: one object per sample only);
 * **Streaming** (MosaicML, MDS), **LitData** (``BinaryWriter`` chunks) and
   **WebDataset** (tar shards), when importable: none is a dependency. ``--peers-path``
   prepends a directory where they were installed (``pip install --no-deps --target
