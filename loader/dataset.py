@@ -78,6 +78,7 @@ from loader.leases import LeaseSet
 from loader.packs import (
     DEFAULT_PACK_MAX_BYTES,
     FALLBACK,
+    MEMBER_FRACTION,
     UNPACKABLE,
     group_packed,
     read_pack_rows,
@@ -143,8 +144,9 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             :class:`StatefulLoader` when DataLoader workers produce the batches.
         device: the target of ``prefetch_to_device`` (default ``cuda``).
         pack_max_bytes: rows whose latent is a small member (at most 1/16) of an
-            object of at most this many bytes are read through the whole object,
-            cached as one entry (:mod:`loader.packs`); 0: every member is its own entry.
+            object of at most this many bytes (and at most 1/16 of the cache budget)
+            are read through the whole object, cached as one entry
+            (:mod:`loader.packs`); 0: every member is its own entry.
     """
 
     def __init__(
@@ -447,16 +449,19 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         small members of a pack through one entry per pack (:mod:`loader.packs`).
         Returns each row's (latent, text embedding) outcome."""
         out: list[tuple[Outcome, Outcome]] = []
-        packs, rest = group_packed(
-            cols, part, self._object_size, self.pack_max_bytes, self._unpackable
-        )
+        # A part pins whole packs: none over a sixteenth of the budget.
+        bound = min(self.pack_max_bytes, self.cache_budget_bytes // MEMBER_FRACTION)
+        packs, rest = group_packed(cols, part, self._object_size, bound, self._unpackable)
         members, lengths = cols["member_sha256"], cols["length"]
         wanted = [(members[i], lengths[i]) for i in rest]
         wanted += [(obj, self._sizes[obj]) for obj in packs]
         with cache.leases(wanted) as held:
             packed: dict[int, object] = {}
             for obj, rows in packs.items():
-                packed.update(self._read_pack(held, obj, rows, cols, buffer))
+                try:
+                    packed.update(self._read_pack(held, obj, rows, cols, buffer))
+                except Exception as exc:  # the pack's rows fail, each as its own
+                    packed.update(dict.fromkeys(rows, exc))
             for i in part:
                 got = packed.get(i, FALLBACK)
                 if got is UNPACKABLE:
@@ -557,7 +562,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         src, size = self._open_source(), self._sizes[obj]
 
         def fetch(tmp: Path) -> None:
-            src.fetch_range(obj, 0, size, tmp)  # verified by the cache, as below
+            src.fetch_range(obj, 0, size, tmp)  # hashed whole by the cache before use
 
         return read_pack_rows(held, obj, size, fetch, rows, cols, buffer)
 

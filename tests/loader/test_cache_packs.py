@@ -244,3 +244,13 @@ def test_a_pack_leased_by_another_process_is_not_evicted(tmp_path: Path) -> None
     with NodeCache(tmp_path / "node" / "latents", None) as cache:  # reclaims the dead lease
         assert cache.gc(0)["evicted"] == 1
         assert cache.stats()["bytes"] == 0
+
+
+def test_packs_over_a_sixteenth_of_the_budget_keep_per_member_entries(tmp_path: Path) -> None:
+    snap = _snap(tmp_path)
+    size = max(_packs(snap).values())
+    reference = _batches(_ds(snap, tmp_path / "ref"))
+    # A budget under 16 packs: pinning whole packs would crowd it, so members go alone.
+    small = _ds(snap, tmp_path / "node", cache_budget_bytes=16 * size - 1)
+    _same(_batches(small), reference)
+    assert _stats(tmp_path / "node")["entries"] == 64
