@@ -15,6 +15,10 @@ inside this process, then measures, in one run:
   from the cache's disk. The ``*_hot`` figures repeat the pair with the files in the
   page cache, where a single-threaded ``read()`` into one reused buffer is a memcpy
   and the loader's per-object work (a lease transaction, a fresh batch tensor) shows;
+* **workers** (``--workers N``, off by default): the hot pass without verification
+  again through a ``DataLoader`` with ``N`` worker processes (``workers_hot_mb_s``,
+  ``x_workers_hot`` against the in-process hot pass): each worker writes its batches
+  into shared memory, and they cross to this process as handles;
 * **resume**: a second snapshot whose plan has ``--resume-step`` + 10 steps; the time
   from a new dataset's ``load_state_dict`` at that step to its first batch, with the
   plan already on the node and the objects in the cache (goal ≤ 50 ms).
@@ -93,6 +97,20 @@ def _run(ds: SnapshotDataset) -> tuple[float, int, int]:
     return time.perf_counter() - t0, samples, nbytes
 
 
+def _workers_pass(url: str, common: dict[str, Any], args: argparse.Namespace) -> float:
+    """Best of ``--repeat`` hot passes (verify off) through ``--workers`` DataLoader
+    worker processes; seconds."""
+    from torch.utils.data import DataLoader
+
+    best = float("inf")
+    for _ in range(args.repeat):
+        ds = SnapshotDataset(url, 1, verify_hits=False, **common)
+        loader = DataLoader(ds, batch_size=None, num_workers=args.workers)
+        best = min(best, _run(loader)[0])  # type: ignore[arg-type]
+        ds.close()
+    return best
+
+
 def _drop_page_cache(paths: list[Path]) -> None:
     """Evict files from the page cache (no root needed for clean pages)."""
     os.sync()
@@ -152,6 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resume-step", type=int, default=1_000_000)
     parser.add_argument("--repeat", type=int, default=3, help="warm passes: best of N")
     parser.add_argument("--dir", default=None, help="work directory (default: a temp dir)")
+    parser.add_argument(
+        "--workers", type=int, default=0, help="also a hot pass through N DataLoader workers"
+    )
     args = parser.parse_args(argv)
 
     # (C, 9, 32, 32) float32: nine frames, the count the synthetic index records for
@@ -219,6 +240,8 @@ def main(argv: list[str] | None = None) -> None:
                     warm[hot, verify] = min(secs, warm.get((hot, verify), secs))
                     ds.close()
 
+        workers_s = _workers_pass(snap.url, common, args) if args.workers else None
+
         # Resume deep into a long plan (objects already cached by a first short pass).
         big, _ = write_big_snapshot(
             work / "resume-store",
@@ -284,6 +307,10 @@ def main(argv: list[str] | None = None) -> None:
         "seek_ms": round(seek_ms, 2),
         "resume_ms": round(resume_ms, 2),
     }
+    if workers_s is not None:
+        result["workers"] = args.workers
+        result["workers_hot_mb_s"] = mb_s(nbytes, workers_s)
+        result["x_workers_hot"] = round(warm[True, False] / workers_s, 3)
     print(json.dumps(result))
 
 

@@ -1,7 +1,8 @@
 """Assembling one step's batch: pooled tensor memory, in-place rows, the final dict.
 
 :class:`BufferPool` recycles the memory of batch tensors the consumer let go of (one
-per process, :func:`shared_pool`);
+per process, :func:`shared_pool`); :data:`SHARED_MEMORY` allocates them in shared
+memory instead, for a DataLoader worker, whose batches cross to the training process;
 :class:`BatchBuffer` holds one step's tensors, written in place row by row by the
 fetch threads of :class:`loader.dataset.SnapshotDataset`; :class:`Step` is one step in
 flight and :meth:`Step.assemble` turns it into the batch a training loop receives.
@@ -30,12 +31,15 @@ from loader.plan import StepInfo
 
 __all__ = [
     "RESERVED_KEYS",
+    "SHARED_MEMORY",
+    "Allocator",
     "BatchBuffer",
     "BufferPool",
     "Outcome",
     "PartResult",
     "PartTask",
     "Pending",
+    "SharedMemory",
     "Step",
     "outcome",
     "shared_pool",
@@ -115,6 +119,35 @@ class PartResult:
 
     def cancel(self) -> bool:
         return self._task.cancel()
+
+
+class Allocator(Protocol):
+    """Where a step's batch tensors live: :class:`BufferPool` or :class:`SharedMemory`."""
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor: ...
+
+
+class SharedMemory:
+    """Batch tensors born in shared memory, for a DataLoader worker.
+
+    A worker's batch is pickled to the training process, and torch moves a tensor that
+    is not in shared memory there first: a fresh shared block and a copy of every byte
+    (``share_memory_``). Written in place into shared memory, the batch crosses as a
+    handle, as ``default_collate`` does for its own batches in workers: one copy of
+    each row (page cache to batch), not two. Nothing is recycled here: once handed
+    over, the block belongs to the training process.
+    """
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        nbytes = math.prod(shape) * dtype.itemsize
+        new_shared = torch.UntypedStorage._new_shared
+        storage: torch.UntypedStorage = new_shared(max(nbytes, 1))  # type: ignore[no-untyped-call]
+        strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+        return torch.empty(0, dtype=dtype).set_(storage, 0, shape, strides)
+
+
+#: The allocator of a DataLoader worker's batches (see :class:`SharedMemory`).
+SHARED_MEMORY = SharedMemory()
 
 
 class BufferPool:
@@ -203,7 +236,7 @@ class BatchBuffer:
     the step fail with an error naming both layouts.
     """
 
-    def __init__(self, rows: int, pool: BufferPool | None) -> None:
+    def __init__(self, rows: int, pool: Allocator | None) -> None:
         self.rows = rows
         self.pool = pool
         self.layout: dict[str, tuple[torch.dtype, tuple[int, ...]]] | None = None

@@ -58,6 +58,7 @@ from catalog.errors import CacheError, CacheFull, ChecksumMismatch, InvalidInput
 from catalog.hashing import require_sha256, sha256_file
 from loader.cache_anchor import hold
 from loader.cache_schema import EVICTABLE, LEASED_BYTES, SCHEMA, SCHEMA_VERSION, STATS
+from loader.cache_writers import writer
 from loader.leases import LeaseSet
 from loader.owners import Proc, boot_id, current_process, is_alive
 
@@ -1114,7 +1115,8 @@ class NodeCache:
 
     @contextlib.contextmanager
     def _tx(self, *, read: bool = False) -> Iterator[sqlite3.Connection]:
-        with self._borrowed() as conn:
+        # Writers of this process queue on a lock, not in SQLite's busy handler's sleeps.
+        with contextlib.nullcontext() if read else writer(self._db_path), self._borrowed() as conn:
             try:
                 conn.execute("BEGIN" if read else "BEGIN IMMEDIATE")
                 try:

@@ -49,6 +49,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from catalog.errors import ChecksumMismatch, IntegrityError, InvalidInput
 from loader.batch import (
+    SHARED_MEMORY,
+    Allocator,
     BatchBuffer,
     BufferPool,
     Outcome,
@@ -364,7 +366,8 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         executor = ThreadPoolExecutor(self.prefetch_threads, thread_name_prefix="vidlake-prefetch")
         # In the training process, recycle batch memory (see BufferPool), across every
         # dataset and iterator of the process: a new epoch or a resume writes into warm pages.
-        buffers = self._buffer_pool() if track else None
+        # In a DataLoader worker, write batches into shared memory: they cross without a copy.
+        buffers = self._buffer_pool() if track else SHARED_MEMORY
         pending: collections.deque[Step] = collections.deque()
         todo = iter(steps)
         failed = self._open_source().failed_members()  # the shared record, once
@@ -398,7 +401,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
     def _submit(
         self,
         executor: ThreadPoolExecutor,
-        buffers: BufferPool | None,
+        buffers: Allocator | None,
         cache: NodeCache,
         plan: PlanReader,
         step: int,
