@@ -202,11 +202,16 @@ def build_artifacts(
         catalog, recipe, pin, progress=report, execution=execution,
         coverage=recipe.min_coverage is not None,
     )  # fmt: skip
-    check_min_coverage(recipe, selection.backfill)
-    if selection.samples.num_rows == 0:
-        raise nothing_selected(recipe, selection)
-    check_pools(recipe, selection.samples)
-    written = write_artifacts(recipe, selection.samples, out, report, plan_workers(execution))
+    try:
+        check_min_coverage(recipe, selection.backfill)
+        if selection.samples.num_rows == 0:
+            raise nothing_selected(recipe, selection)
+        check_pools(recipe, selection.samples)
+        written = write_artifacts(
+            recipe, selection.samples, out, report, plan_workers(execution), selection.parts
+        )
+    finally:
+        selection.close()  # a partitioned selection's kept-sample files
     samples, summary, quality = written.samples, written.summary, written.quality
     snapshot = snapshot_doc(recipe, pin, selection, samples, summary)
     snapshot.update(embedding_facts(recipe, pin, selection))

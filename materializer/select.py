@@ -51,6 +51,7 @@ from materializer.partition import (
     partitioned_candidates,
     query_candidates,
 )
+from materializer.partition_merge import KeptParts
 from materializer.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -86,6 +87,9 @@ class Selection:
         decontamination: What eval decontamination checked (None without it).
         centroids: The semantic dedup's fitted centroids (None without it).
         backfill: Which candidate clips lack the recipe's score and caption versions.
+        parts: A partitioned selection's kept-sample files: ``samples`` then holds
+            only the columns a cut's driver reads (:mod:`materializer.partition_merge`)
+            and the caller removes the files (:meth:`close`).
     """
 
     samples: pa.Table
@@ -95,6 +99,12 @@ class Selection:
     decontamination: Decontamination | None = None
     centroids: CentroidSet | None = None
     backfill: BackfillCoverage | None = None
+    parts: KeptParts | None = None
+
+    def close(self) -> None:
+        """Remove a partitioned selection's kept-sample files (else nothing)."""
+        if self.parts is not None:
+            self.parts.close()
 
 
 def select(
@@ -118,6 +128,9 @@ def select(
             The selection does not depend on it.
         coverage: Compute the backfill coverage (``Selection.backfill``; a cut needs
             it only for a ``min_coverage`` gate).
+
+    A partitioned selection's samples hold only the columns a cut's driver reads,
+    the rest in files the caller removes (:meth:`Selection.close`).
     """
     report = progress or (lambda stage, fraction: None)
     found = _candidates(catalog, recipe, pin, report, execution, coverage=coverage)
@@ -157,6 +170,7 @@ def select(
         decontamination=decontamination,
         centroids=centroids,
         backfill=found.backfill,
+        parts=found.parts,
     )
 
 
