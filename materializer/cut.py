@@ -69,6 +69,7 @@ from materializer.cut_artifacts import (
     write_artifacts,
     write_named_plan,
 )
+from materializer.partition_merge import distinct_clips
 from materializer.plan import PlanSummary, scatter_order
 from materializer.quality import quality_summary
 from materializer.recipe import Recipe, recipe_notes
@@ -353,7 +354,7 @@ def snapshot_doc(
         "counts": {
             "candidates": selection.candidates,
             "samples": samples.num_rows,
-            "clips": int(pc.count_distinct(samples["clip_id"]).as_py()),
+            "clips": distinct_clips(samples),
             "assets": int(pc.count_distinct(samples["asset_id"]).as_py()),
             "samples_per_stream": {
                 n: int(c) for n, c in zip(stream_names, stream_counts, strict=True)

@@ -316,6 +316,7 @@ def partitioned_candidates(
     scan: Callable[[str], pa.Table],
     coverage: bool = True,
     scratch: str | None = None,
+    spill_kept: bool = True,
 ) -> Candidates:
     """The candidates of ``recipe`` at ``pin`` over ``partitions`` ``clip_id`` buckets
     run on ``executor``, after the asset partitions (:func:`asset_partitions` of them,
@@ -327,7 +328,8 @@ def partitioned_candidates(
     The clip partitions write their kept samples to a new directory under ``scratch``
     (:mod:`materializer.partition_merge`) and return the driver columns only: the
     result's ``parts`` names the files, and the caller closes it (removed here if the
-    map fails)."""
+    map fails). ``spill_kept=False``: the partitions return every column and the
+    driver holds them all (the path before; benchmarks compare the two)."""
     # A recipe without scores reads none: that table is sent empty.
     names = [n for n in CLIP_TABLES if n != "scores" or recipe.score_versions()]
     empty = {name: scan(name) for name in CLIP_TABLES if name not in names}
@@ -355,6 +357,9 @@ def partitioned_candidates(
         split = {name: split_plan(plans[name], "clip_id", clip_ranges) for name in names}
         tasks = [{name: split[name][p] for name in names} for p in range(partitions)]
         query = ViewQuery.of(recipe, coverage=coverage)
+        if not spill_kept:
+            shared = ClipShared(query, EvalSets.of(parts), shards, empty)
+            return merge(executor.map(run_partition, shared, tasks), recipe, None)
         kept = new_parts(scratch)
         try:
             shared = ClipShared(

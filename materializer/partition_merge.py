@@ -5,10 +5,11 @@ Each clip partition (:func:`materializer.partition.run_partition`) writes its ke
 samples, every column, sorted by ``(rung, clip_id)``, as an Arrow IPC file in the
 cut's scratch (:func:`spill_kept`) and returns to the driver only the *driver
 columns* (:func:`driver_columns`: what selection's drops, the plan, the pools check
-and the quality report read) with the row's position ``_pos`` in its file. The
-driver adds the partition number ``_part``; because partitions are ascending
-``clip_id`` ranges, ``(rung, _part, _pos)`` is the ``(rung, clip_id)`` order
-(:func:`merge_order`), so no clip id is needed to merge.
+and the quality report read) with the row's position ``_pos`` in its file (and
+``_clip``, the clip's number in the partition, where the driver has no clip id: the
+snapshot counts distinct clips). The driver adds the partition number ``_part``;
+because partitions are ascending ``clip_id`` ranges, ``(rung, _part, _pos)`` is the
+``(rung, clip_id)`` order (:func:`merge_order`), so no clip id is needed to merge.
 
 After selection and the scatter (a permutation ``order``: manifest row ``i`` is the
 sorted sample ``order[i]``), :func:`stream_artifacts` writes ``manifest.parquet``
@@ -52,6 +53,7 @@ __all__ = [
     "CHUNK_ROWS",
     "KeptParts",
     "compact_batches",
+    "distinct_clips",
     "driver_columns",
     "merge_order",
     "spill_kept",
@@ -61,8 +63,9 @@ __all__ = [
 #: Manifest rows per chunk of the second pass: the index's record batch and four of
 #: the manifest's row groups (256 Ki rows), so the chunked files equal whole ones.
 CHUNK_ROWS = DEFAULT_CHUNK
-#: Driver-side bookkeeping columns: partition number and row position in its file.
-PART, POS = "_part", "_pos"
+#: Driver-side bookkeeping columns: partition number, row position in its file, and
+#: (where the driver has no ``clip_id``) the clip's number in its partition.
+PART, POS, CLIP = "_part", "_pos", "_clip"
 #: Columns every cut's driver reads: selection's drops (no latent frames, buckets,
 #: streams), the phase masks and pools, and the quality report's keys.
 _ALWAYS = ("rung", "tier", "stream", "tokens", "latent_frames", "aspect")
@@ -90,8 +93,22 @@ def spill_kept(kept: pa.Table, directory: str, columns: tuple[str, ...]) -> tupl
     path = str(Path(directory) / f"kept-{uuid.uuid4().hex}.arrow")
     write_table(path, kept)
     narrow = kept.select([c for c in columns if c in kept.column_names])
+    if "clip_id" not in narrow.column_names:
+        codes = pc.dictionary_encode(kept["clip_id"]).combine_chunks().indices
+        narrow = narrow.append_column(CLIP, pc.cast(codes, pa.int32()))
     positions = pa.array(np.arange(kept.num_rows, dtype=np.int64))
     return narrow.append_column(POS, positions), path
+
+
+def distinct_clips(samples: pa.Table) -> int:
+    """The distinct clips among ``samples``: by ``clip_id``, or, in a partitioned
+    cut's driver columns without it, by ``(_part, _clip)`` (partitions hold disjoint
+    ``clip_id`` ranges, ``_clip`` numbers a partition's clips)."""
+    if "clip_id" in samples.column_names:
+        return int(pc.count_distinct(samples["clip_id"]).as_py())
+    part = samples[PART].to_numpy().astype(np.int64)
+    clip = samples[CLIP].to_numpy().astype(np.int64)
+    return int(np.unique((part << 32) | clip).size)
 
 
 def merge_order(parts: list[pa.Table]) -> pa.Table:

@@ -187,11 +187,14 @@ class Execution:
 
     ``scratch``: where the partitioned cut's temp directory of asset shards goes (None:
     the system's temp directory); on a multi-host Ray cluster, a directory every node
-    mounts at the same path (:mod:`materializer.asset_side`)."""
+    mounts at the same path (:mod:`materializer.asset_side`); the clip partitions'
+    kept samples go there too. ``spill_kept=False`` returns every kept column to
+    the driver instead (the earlier path, for benchmarks; the same artifacts)."""
 
     executor: Executor
     partitions: int = 1
     scratch: str | None = None
+    spill_kept: bool = True
 
 
 def candidate_coverage(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin) -> BackfillCoverage:
@@ -228,7 +231,7 @@ def _candidates(
         return partitioned_candidates(
             catalog, recipe, pin, filters, executor=execution.executor,
             partitions=execution.partitions, scan=scan, coverage=coverage,
-            scratch=execution.scratch,
+            scratch=execution.scratch, spill_kept=execution.spill_kept,
         )  # fmt: skip
     tables = {}
     for i, name in enumerate(SCAN_COLUMNS):
@@ -314,10 +317,10 @@ def _embedding_drops(
     eval_ids: list[str],
     drops: dict[str, int],
 ) -> tuple[pa.Table, Decontamination | None, CentroidSet | None]:
-    clip_ids = pc.unique(table["clip_id"])
     excl = recipe.exclusions.eval_near_duplicates
     found = None
     if excl is not None:
+        clip_ids = pc.unique(table["clip_id"])
         index = catalog.embeddings(
             excl.embedding_model, version=pin.embeddings.get(excl.embedding_model)
         )
