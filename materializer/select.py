@@ -134,6 +134,18 @@ def select(
     """
     report = progress or (lambda stage, fraction: None)
     found = _candidates(catalog, recipe, pin, report, execution, coverage=coverage)
+    try:
+        return _selected(catalog, recipe, pin, found, report)
+    except BaseException:
+        if found.parts is not None:
+            found.parts.close()  # a failed selection leaves no kept-sample files
+        raise
+
+
+def _selected(
+    catalog: VidlakeCatalog, recipe: Recipe, pin: Pin, found: Candidates, report: Progress
+) -> Selection:
+    """The candidates through every later drop (:func:`select`)."""
     report("join", 1.0)
     check_stream_matches(recipe, found.match_counts)
     candidates = found.count

@@ -21,7 +21,7 @@ import pytest
 
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
-from catalog.errors import InvalidInput, StorageError
+from catalog.errors import InvalidInput, InvalidRecipe, StorageError
 from manifests.format import LINEAGE_NAME, QUALITY_NAME
 from materializer.cut import build_artifacts
 from materializer.executors import LocalExecutor, RayExecutor, open_executor, parse_executor
@@ -208,6 +208,21 @@ def test_the_driver_receives_only_the_columns_it_reads(
     assert selection.parts is not None and len(selection.parts.files) == 3
     assert all(Path(f).is_file() for f in selection.parts.files)
     selection.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_selection_that_fails_after_the_partitions_leaves_no_files(
+    catalog: VidlakeCatalog, tmp_path: Path
+) -> None:
+    from materializer.cut import checked_pin
+    from materializer.select import select
+
+    doc = small_corpus_demo()
+    doc["streams"][0]["where"] = "source_tier = 'no such tier'"
+    empty = load_recipe(doc)
+    execution = Execution(LocalExecutor(1), 3, scratch=str(tmp_path))
+    with pytest.raises(InvalidRecipe, match=r"streams\[0\]\.where"):
+        select(catalog, empty, checked_pin(catalog, empty, None), execution=execution)
     assert list(tmp_path.iterdir()) == []
 
 
