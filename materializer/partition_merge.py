@@ -44,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
-from manifests.ipc import DEFAULT_CHUNK, ipc_writer, read_table, write_table
+from manifests.ipc import ipc_writer, read_table, write_table
 
 if TYPE_CHECKING:
     from materializer.recipe import Recipe
@@ -60,9 +60,11 @@ __all__ = [
     "stream_artifacts",
 ]
 
-#: Manifest rows per chunk of the second pass: the index's record batch and four of
-#: the manifest's row groups (256 Ki rows), so the chunked files equal whole ones.
-CHUNK_ROWS = DEFAULT_CHUNK
+#: Manifest rows per chunk of the second pass: one of the manifest's row groups and
+#: one of the index's record batches (both paths write the index in batches of this
+#: many rows), so the chunked files equal whole ones and a chunk's wide rows, the
+#: most the driver holds of them, are a few hundred MB whatever the cut's size.
+CHUNK_ROWS = 1 << 18
 #: Driver-side bookkeeping columns: partition number, row position in its file, and
 #: (where the driver has no ``clip_id``) the clip's number in its partition.
 PART, POS, CLIP = "_part", "_pos", "_clip"
@@ -166,6 +168,9 @@ def stream_artifacts(
     partition files, in chunks of :data:`CHUNK_ROWS` rows. ``index`` and ``manifest``
     name each file and turn a chunk of samples (manifest order, with ``row``) into
     its rows; ``manifest`` adds the Parquet writer's options."""
+    group = manifest[2]["row_group_size"]
+    if group <= 0 or CHUNK_ROWS % group:
+        raise ValueError(f"a chunk of {CHUNK_ROWS} rows is not whole row groups of {group}")
     n = selected.num_rows
     dest = np.empty(n, dtype=np.int64)
     dest[order] = np.arange(n, dtype=np.int64)  # sorted sample -> manifest row

@@ -34,7 +34,7 @@ def _partition(rng: np.random.Generator, lo: int, n: int, *, null_text: bool) ->
     text = pa.nulls(n) if null_text else pa.array([f"caption {i}" for i in range(n)])
     table = pa.table(
         {
-            "clip_id": ids,
+            "clip_id": pa.array(ids, pa.string()),
             "rung": rungs,
             "tokens": rng.integers(1, 100, n),
             "text": text,
@@ -63,7 +63,7 @@ def test_streamed_manifest_and_index_equal_the_whole_table_written_at_once(
     narrow = []
     for t in tables:
         kept, path = pm.spill_kept(t, parts.directory, ("rung", "tokens"))
-        assert kept.column_names == ["rung", "tokens", "_pos"]  # the wide columns stay out
+        assert kept.column_names == ["rung", "tokens", "_clip", "_pos"]  # the wide ones stay out
         narrow.append(kept)
         parts.files.append(path)
     merged = pm.merge_order(narrow)
