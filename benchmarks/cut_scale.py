@@ -20,8 +20,10 @@ The plain cut holds the whole join in one process (about 4 KB per clip): above
 partitioned configurations there.
 
 Prints one JSON line: per size and configuration the wall time, the driver's peak RSS
-and (pool) the largest worker's peak RSS; then ``rss_growth`` (pool worker peak RSS at
-the largest size / at the smallest: flat when <= 1.2), ``time_growth`` (pool time at the
+and (pool) the largest worker's peak RSS, the kept samples, the driver's peak of Arrow
+allocations and, per stage, its Arrow bytes and RSS as the stage ends (MB); then
+``rss_growth`` (pool worker peak RSS at the largest size / at the smallest: flat when
+<= 1.2), ``time_growth`` (pool time at the
 largest / smallest, against ``size_growth``: linear when about equal),
 ``driver_bytes_per_kept`` (the slope per kept sample, between the smallest and the
 largest size, of the driver's peak RSS and of its peak of Arrow allocations, for
@@ -194,7 +196,10 @@ def measure(root: Path, config: str, partitions: int, plan_rows: int) -> dict[st
         )
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        artifacts, snap = build_artifacts(catalog, recipe, Path(tmp), execution=execution)
+        stages: dict[str, list[int]] = {}
+        artifacts, snap = build_artifacts(
+            catalog, recipe, Path(tmp), execution=execution, progress=_stage_memory(stages)
+        )
         wall = time.perf_counter() - t0
         shas = {k: hashlib.sha256(v.read_bytes()).hexdigest() for k, v in artifacts.items()}
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -206,8 +211,23 @@ def measure(root: Path, config: str, partitions: int, plan_rows: int) -> dict[st
         "kept": snap["counts"]["samples"],
         # The driver's peak of Arrow allocations (tables, not the interpreter or numpy).
         "driver_arrow_peak_mb": round(pa.default_memory_pool().max_memory() / 2**20),
+        "driver_stages": stages,
         "artifacts_sha256": hashlib.sha256(json.dumps(shas, sort_keys=True).encode()).hexdigest(),
     }
+
+
+def _stage_memory(stages: dict[str, list[int]]) -> Any:
+    """A progress callback recording, as each stage ends, the driver's Arrow bytes
+    allocated then and its resident set (MB): what each stage leaves held."""
+
+    def report(stage: str, fraction: float) -> None:
+        if fraction >= 1.0:
+            arrow = pa.total_allocated_bytes() >> 20
+            with open("/proc/self/statm") as f:
+                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+            stages[stage] = [arrow, rss]
+
+    return report
 
 
 def _run(root: Path, config: str, partitions: int, plan_rows: int) -> dict[str, Any]:

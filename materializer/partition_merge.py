@@ -7,7 +7,8 @@ cut's scratch (:func:`spill_kept`) and returns to the driver only the *driver
 columns* (:func:`driver_columns`: what selection's drops, the plan, the pools check
 and the quality report read) with the row's position ``_pos`` in its file (and
 ``_clip``, the clip's number in the partition, where the driver has no clip id: the
-snapshot counts distinct clips). The driver adds the partition number ``_part``;
+snapshot counts distinct clips; asset ids come as the 32 bytes their hex spells). The
+driver adds the partition number ``_part``;
 because partitions are ascending ``clip_id`` ranges, ``(rung, _part, _pos)`` is the
 ``(rung, clip_id)`` order (:func:`merge_order`), so no clip id is needed to merge.
 
@@ -56,6 +57,7 @@ __all__ = [
     "distinct_clips",
     "driver_columns",
     "merge_order",
+    "packed_ids",
     "spill_kept",
     "stream_artifacts",
 ]
@@ -95,11 +97,43 @@ def spill_kept(kept: pa.Table, directory: str, columns: tuple[str, ...]) -> tupl
     path = str(Path(directory) / f"kept-{uuid.uuid4().hex}.arrow")
     write_table(path, kept)
     narrow = kept.select([c for c in columns if c in kept.column_names])
+    if "asset_id" in narrow.column_names:
+        at = narrow.schema.get_field_index("asset_id")
+        narrow = narrow.set_column(at, "asset_id", packed_ids(narrow["asset_id"]))
     if "clip_id" not in narrow.column_names:
         codes = pc.dictionary_encode(kept["clip_id"]).combine_chunks().indices
         narrow = narrow.append_column(CLIP, pc.cast(codes, pa.int32()))
     positions = pa.array(np.arange(kept.num_rows, dtype=np.int64))
     return narrow.append_column(POS, positions), path
+
+
+_NIBBLE = np.full(256, 255, dtype=np.uint8)
+_NIBBLE[np.frombuffer(b"0123456789abcdef", dtype=np.uint8)] = np.arange(16, dtype=np.uint8)
+
+
+def packed_ids(column: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Hex ids (asset ids: 64 lowercase hex digits) as the bytes they spell, half the
+    size and equal exactly where the ids are (the driver only counts and compares
+    them: the snapshot's distinct assets, the quality report's codes). A column that
+    is not all non-null hex of one even width is returned as it is."""
+    ids = column.combine_chunks()
+    if len(ids) == 0 or ids.null_count or not pa.types.is_string(ids.type):
+        return column
+    lengths = pc.utf8_length(ids)
+    width = int(pc.min(lengths).as_py())
+    if width == 0 or width % 2 or width != int(pc.max(lengths).as_py()):
+        return column
+    offsets = ids.buffers()[1]
+    start = int(np.frombuffer(offsets, dtype=np.int32, count=1, offset=4 * ids.offset)[0])
+    text = np.frombuffer(ids.buffers()[2], dtype=np.uint8, count=len(ids) * width, offset=start)
+    nibbles = _NIBBLE[text]
+    if (nibbles == 255).any():
+        return column
+    pairs = nibbles.reshape(-1, 2)
+    packed = (pairs[:, 0] << 4) | pairs[:, 1]
+    return pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(width // 2), len(ids), [None, pa.py_buffer(packed.tobytes())]
+    )
 
 
 def distinct_clips(samples: pa.Table) -> int:

@@ -116,3 +116,14 @@ def test_driver_columns_hold_what_the_recipe_needs_only() -> None:
     plain = pm.driver_columns(load_recipe(doc))
     assert "clip_id" not in plain and "captions" not in plain and "object_sha256" not in plain
     assert {"rung", "tier", "stream", "tokens", "asset_id"} <= set(plain)
+
+
+def test_packed_ids_are_the_bytes_the_hex_spells_and_others_stay_as_they_are() -> None:
+    ids = [hashlib.sha256(str(i % 3).encode()).hexdigest() for i in range(7)]
+    column = pa.chunked_array([pa.array(ids[:2]), pa.array(ids[2:])]).slice(1)
+    packed = pm.packed_ids(column)
+    assert packed.type == pa.binary(32)
+    assert [b.hex() for b in packed.to_pylist()] == ids[1:]
+    for odd in (["abc", "abcd"], ["xyz0"], [ids[0], None]):
+        kept = pa.chunked_array([pa.array(odd, pa.string())])
+        assert pm.packed_ids(kept) is kept
