@@ -227,7 +227,8 @@ def _scatter_pass(
     spill: Path,
 ) -> list[Path]:
     """Pass 1: every partition file's selected rows, cut by destination chunk and
-    appended to that chunk's spill file (rows with their manifest row ``_dest``)."""
+    appended to that chunk's spill file (rows with their manifest row ``_dest``);
+    each partition file is removed once read."""
     n = selected.num_rows
     count = max(1, -(-n // CHUNK_ROWS))
     paths = [spill / f"chunk-{j:06d}.arrows" for j in range(count)]
@@ -241,6 +242,7 @@ def _scatter_pass(
         for p, path in enumerate(parts.files):
             mine = np.flatnonzero(part == p)
             if mine.size == 0:
+                Path(path).unlink()
                 continue
             rows, to = pos[mine], dest[mine]
             by = np.argsort(to, kind="stable")  # chunk by chunk, each in manifest order
@@ -250,6 +252,7 @@ def _scatter_pass(
             for j, lo, hi in _runs(to // CHUNK_ROWS):
                 writers[j].write_table(table.slice(lo, hi - lo))
             del table
+            Path(path).unlink()  # read once: the scratch holds one copy of the rows
     return paths
 
 
