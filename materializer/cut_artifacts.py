@@ -31,7 +31,13 @@ from catalog.errors import InvalidRecipe
 from manifests.format import INDEX_SCHEMA, LINEAGE_NAME, QUALITY_NAME
 from manifests.ipc import write_table
 from materializer.executors import Executor, LocalExecutor
-from materializer.partition_merge import CHUNK_ROWS, KeptParts, compact_batches, stream_artifacts
+from materializer.partition_merge import (
+    CHUNK_ROWS,
+    KeptParts,
+    compact_batches,
+    row_columns,
+    stream_artifacts,
+)
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
 from materializer.plan.lineage import write_lineage
 from materializer.quality import cut_quality
@@ -124,7 +130,7 @@ def write_artifacts(
         lined = side.submit(lineage)
         try:
             report("scatter", 0.0)
-            samples = with_rows(selected.take(order))
+            samples = with_rows(row_columns(selected, parts).take(order))
             report("scatter", 1.0)
             index_path, manifest_path = out / "index.arrow", out / "manifest.parquet"
             if parts is None:

@@ -58,6 +58,7 @@ __all__ = [
     "driver_columns",
     "merge_order",
     "packed_ids",
+    "row_columns",
     "spill_kept",
     "stream_artifacts",
 ]
@@ -134,6 +135,20 @@ def packed_ids(column: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     return pa.FixedSizeBinaryArray.from_buffers(
         pa.binary(width // 2), len(ids), [None, pa.py_buffer(packed.tobytes())]
     )
+
+
+#: What a partitioned cut reads of its scattered samples after the plan: the quality
+#: report's per-row arrays and keys, and the snapshot's counts of clips and assets.
+_ROW_COLUMNS = ("stream", "bucket", "tokens", *_QUALITY_KEYS, "clip_id", PART, CLIP)
+
+
+def row_columns(selected: pa.Table, parts: KeptParts | None) -> pa.Table:
+    """``selected`` as the scattered samples need it: every column in the
+    one-process cut (``parts`` None), else only what is read after the plan (the
+    scatter then gathers ~40 B a row fewer)."""
+    if parts is None:
+        return selected
+    return selected.select([c for c in _ROW_COLUMNS if c in selected.column_names])
 
 
 def distinct_clips(samples: pa.Table) -> int:
