@@ -17,15 +17,17 @@ sorted sample ``order[i]``), :func:`stream_artifacts` writes ``manifest.parquet`
 and ``index.arrow`` by an external shuffle in two passes:
 
 1. each partition file in turn (one partition's rows in memory: what a worker held)
-   is cut by destination: each kept row goes to the bucket of :data:`CHUNK_ROWS`
-   manifest rows it lands in, appended to that bucket's spill file;
-2. each bucket in turn is read, put in manifest order, joined with the driver's
-   ``bucket`` column and written as one chunk of both artifacts.
+   is cut by destination: each selected row goes to the chunk of :data:`CHUNK_ROWS`
+   manifest rows it lands in, appended to that chunk's spill file, and the
+   partition file is removed (the scratch holds one copy of the rows);
+2. each chunk in turn is read, put in manifest order, joined with the driver's
+   ``bucket`` column and written as one row group of the manifest and one record
+   batch of the index.
 
-A chunk is a whole number of the manifest's row groups and the index's record
-batches, so the bytes equal those of the one-process cut, which writes the whole
-table at once. The driver holds the driver columns, ``order`` and its inverse (8 B a
-row each), a partition and a bucket: never every kept row's wide columns.
+The one-process cut writes the whole table at once in row groups and (compacted,
+:func:`compact_batches`) index batches of the same size, so the bytes are equal. The
+driver holds the driver columns, ``order`` and its inverse (8 B a row each), one
+partition and one chunk: never every kept row's wide columns.
 """
 
 from __future__ import annotations
