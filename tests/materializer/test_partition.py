@@ -226,6 +226,28 @@ def test_a_selection_that_fails_after_the_partitions_leaves_no_files(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_failed_clip_map_leaves_no_kept_sample_files(
+    catalog: VidlakeCatalog, recipe: Recipe, tmp_path: Path
+) -> None:
+    """The clip partitions ran (their files are written) and then the map failed: the
+    cut fails and the scratch is empty."""
+
+    class _FailsAfter:
+        def map(self, fn: Any, shared: Any, tasks: Any, *, label: str = "partition") -> Any:
+            results = LocalExecutor(1).map(fn, shared, tasks, label=label)
+            if fn is run_partition:
+                assert all(Path(c.spill).is_file() for c in results)
+                raise StorageError("partition 2 of 3 failed: its worker died")
+            return results
+
+    execution = Execution(_FailsAfter(), 3, scratch=str(tmp_path / "scratch"))  # type: ignore[arg-type]
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "out").mkdir()
+    with pytest.raises(StorageError, match="partition 2 of 3"):
+        build_artifacts(catalog, recipe, tmp_path / "out", execution=execution)
+    assert list((tmp_path / "scratch").iterdir()) == []
+
+
 def test_buckets_are_key_ranges_that_cover_every_id_once() -> None:
     rng = np.random.default_rng(0)
     ids = [f"{v:08x}" + "0" * 24 for v in rng.integers(0, 1 << 32, 2000)]
