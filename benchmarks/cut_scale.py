@@ -10,6 +10,8 @@ fresh subprocess (its own peak RSS):
 
 * ``one``: the plain cut (no partitions, in one process): the baseline;
 * ``local2``: a pool of 2 worker processes; ``local1``: the same partitions in process;
+* ``held``: ``local2`` with the earlier driver, which received every kept column from
+  the partitions and held them (``Execution(spill_kept=False)``): the driver's A/B;
 * ``ray``: Ray tasks on a 2-CPU cluster started on 127.0.0.1 (smallest size only, and
   only where Ray is installed; the cluster's start is not timed).
 
@@ -18,9 +20,16 @@ The plain cut holds the whole join in one process (about 4 KB per clip): above
 partitioned configurations there.
 
 Prints one JSON line: per size and configuration the wall time, the driver's peak RSS
-and (pool) the largest worker's peak RSS; then ``rss_growth`` (pool worker peak RSS at
-the largest size / at the smallest: flat when <= 1.2), ``time_growth`` (pool time at the
-largest / smallest, against ``size_growth``: linear when about equal), ``speedup_2_procs``
+and (pool) the largest worker's peak RSS, the kept samples, the driver's peak of Arrow
+allocations and, per stage, its Arrow bytes and RSS as the stage ends (MB); then
+``rss_growth`` (pool worker peak RSS at the largest size / at the smallest: flat when
+<= 1.2), ``time_growth`` (pool time at the
+largest / smallest, against ``size_growth``: linear when about equal),
+``driver_bytes_per_kept`` (the slope per kept sample, between the smallest and the
+largest size, of the driver's peak RSS and of its peak of Arrow allocations, for
+``local2`` and, when run, ``held``),
+``driver_rss_vs_held`` (``local2`` driver peak / ``held`` driver peak, per size),
+``speedup_2_procs``
 (local1 time / local2 time), ``ray_overhead`` (Ray time / local2 time) and
 ``identical`` (every configuration gave the same artifact bytes, per size), and the
 load average at the start and the end (``load``).
@@ -181,11 +190,16 @@ def measure(root: Path, config: str, partitions: int, plan_rows: int) -> dict[st
         execution = Execution(open_executor("auto"), partitions)
     elif config != "one":
         execution = Execution(
-            open_executor("local:2" if config == "local2" else "local:1"), partitions
+            open_executor("local:1" if config == "local1" else "local:2"),
+            partitions,
+            spill_kept=config != "held",
         )
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        artifacts, _ = build_artifacts(catalog, recipe, Path(tmp), execution=execution)
+        stages: dict[str, list[int]] = {}
+        artifacts, snap = build_artifacts(
+            catalog, recipe, Path(tmp), execution=execution, progress=_stage_memory(stages)
+        )
         wall = time.perf_counter() - t0
         shas = {k: hashlib.sha256(v.read_bytes()).hexdigest() for k, v in artifacts.items()}
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -193,9 +207,27 @@ def measure(root: Path, config: str, partitions: int, plan_rows: int) -> dict[st
     return {
         "wall_s": round(wall, 3),
         "driver_rss_mb": round(own),
-        "worker_rss_mb": round(children if config == "local2" else own),
+        "worker_rss_mb": round(children if config in ("local2", "held") else own),
+        "kept": snap["counts"]["samples"],
+        # The driver's peak of Arrow allocations (tables, not the interpreter or numpy).
+        "driver_arrow_peak_mb": round(pa.default_memory_pool().max_memory() / 2**20),
+        "driver_stages": stages,
         "artifacts_sha256": hashlib.sha256(json.dumps(shas, sort_keys=True).encode()).hexdigest(),
     }
+
+
+def _stage_memory(stages: dict[str, list[int]]) -> Any:
+    """A progress callback recording, as each stage ends, the driver's Arrow bytes
+    allocated then and its resident set (MB): what each stage leaves held."""
+
+    def report(stage: str, fraction: float) -> None:
+        if fraction >= 1.0:
+            arrow = pa.total_allocated_bytes() >> 20
+            with open("/proc/self/statm") as f:
+                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+            stages[stage] = [arrow, rss]
+
+    return report
 
 
 def _run(root: Path, config: str, partitions: int, plan_rows: int) -> dict[str, Any]:
@@ -229,7 +261,7 @@ def main() -> None:
         "--configs",
         nargs="+",
         default=["one", "local1", "local2", "ray"],
-        choices=["one", "local1", "local2", "ray"],
+        choices=["one", "local1", "local2", "held", "ray"],
         help="the configurations to run (local2 always runs: the ratios need it)",
     )
     parser.add_argument(
@@ -270,7 +302,7 @@ def run(
                 "build_s": round(time.perf_counter() - t0, 1),
             }
             configs = ["one"] if n <= one_max else []
-            configs += ["local1", "local2"]
+            configs += ["local1", "local2", "held"]
             configs += ["ray"] if n == sizes[0] and _has_ray() else []
             configs = [c for c in configs if c in wanted]
             for config in configs:
@@ -293,6 +325,17 @@ def run(
             round(one[-1]["driver_rss_mb"] / one[0]["driver_rss_mb"], 3) if len(one) > 1 else None
         ),
         "time_growth": round(last["local2"]["wall_s"] / first["local2"]["wall_s"], 3),
+        "driver_bytes_per_kept": {
+            f"{c}_{k}": _slope(first[c], last[c], f"driver_{k}_mb")
+            for c in ("local2", "held")
+            if c in first and c in last
+            for k in ("rss", "arrow_peak")
+        },
+        "driver_rss_vs_held": {
+            str(n): round(r["local2"]["driver_rss_mb"] / r["held"]["driver_rss_mb"], 3)
+            for n in sizes
+            if "held" in (r := results[str(n)])
+        },
         "speedup_2_procs": (
             round(last["local1"]["wall_s"] / last["local2"]["wall_s"], 3)
             if "local1" in last
@@ -302,6 +345,12 @@ def run(
         "identical": identical,
         "load": load,
     }
+
+
+def _slope(first: dict[str, Any], last: dict[str, Any], key: str) -> int | None:
+    """Driver peak bytes (``key``: RSS or Arrow) per kept sample between two runs."""
+    kept = last["kept"] - first["kept"]
+    return round((last[key] - first[key]) * 2**20 / kept) if kept else None
 
 
 class _Inputs:
@@ -347,7 +396,8 @@ def asset_inputs(sizes: list[int], per: int) -> dict[str, Any]:
             )
             seen = _Inputs()
             execution = Execution(seen, max(1, n // per))  # type: ignore[arg-type]
-            select(catalog, load_recipe(doc), catalog.pin(), execution=execution, coverage=False)
+            pin = catalog.pin()
+            select(catalog, load_recipe(doc), pin, execution=execution, coverage=False).close()
             out[str(n)] = {
                 "partitions": max(1, n // per),
                 "asset_side_bytes": whole,

@@ -69,6 +69,7 @@ from materializer.cut_artifacts import (
     write_artifacts,
     write_named_plan,
 )
+from materializer.partition_merge import distinct_clips
 from materializer.plan import PlanSummary, scatter_order
 from materializer.quality import quality_summary
 from materializer.recipe import Recipe, recipe_notes
@@ -202,11 +203,16 @@ def build_artifacts(
         catalog, recipe, pin, progress=report, execution=execution,
         coverage=recipe.min_coverage is not None,
     )  # fmt: skip
-    check_min_coverage(recipe, selection.backfill)
-    if selection.samples.num_rows == 0:
-        raise nothing_selected(recipe, selection)
-    check_pools(recipe, selection.samples)
-    written = write_artifacts(recipe, selection.samples, out, report, plan_workers(execution))
+    try:
+        check_min_coverage(recipe, selection.backfill)
+        if selection.samples.num_rows == 0:
+            raise nothing_selected(recipe, selection)
+        check_pools(recipe, selection.samples)
+        written = write_artifacts(
+            recipe, selection.samples, out, report, plan_workers(execution), selection.parts
+        )
+    finally:
+        selection.close()  # a partitioned selection's kept-sample files
     samples, summary, quality = written.samples, written.summary, written.quality
     snapshot = snapshot_doc(recipe, pin, selection, samples, summary)
     snapshot.update(embedding_facts(recipe, pin, selection))
@@ -348,7 +354,7 @@ def snapshot_doc(
         "counts": {
             "candidates": selection.candidates,
             "samples": samples.num_rows,
-            "clips": int(pc.count_distinct(samples["clip_id"]).as_py()),
+            "clips": distinct_clips(samples),
             "assets": int(pc.count_distinct(samples["asset_id"]).as_py()),
             "samples_per_stream": {
                 n: int(c) for n, c in zip(stream_names, stream_counts, strict=True)

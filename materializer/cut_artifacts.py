@@ -31,6 +31,13 @@ from catalog.errors import InvalidRecipe
 from manifests.format import INDEX_SCHEMA, LINEAGE_NAME, QUALITY_NAME
 from manifests.ipc import write_table
 from materializer.executors import Executor, LocalExecutor
+from materializer.partition_merge import (
+    CHUNK_ROWS,
+    KeptParts,
+    compact_batches,
+    row_columns,
+    stream_artifacts,
+)
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
 from materializer.plan.lineage import write_lineage
 from materializer.quality import cut_quality
@@ -88,6 +95,7 @@ def write_artifacts(
     out: Path,
     report: Progress,
     plan_on: tuple[Executor | None, int],
+    parts: KeptParts | None = None,
 ) -> Written:
     """The ``scatter``, ``plan``, ``index``, ``manifest``, ``quality`` and ``lineage``
     stages; the samples in manifest order with the rest.
@@ -97,6 +105,10 @@ def write_artifacts(
     writes the index and the manifest (none reads the plan), then the quality report
     (which reads it) while lineage runs: numpy and Arrow work that releases the GIL, so
     on two cores the stages overlap. Progress is reported from this thread only.
+
+    With ``parts`` (a partitioned selection's kept-sample files), ``selected`` holds
+    only the driver columns, and the index and manifest are streamed from the files
+    (:func:`~materializer.partition_merge.stream_artifacts`): the same bytes.
     """
     order = pa.array(scatter_order(selected.num_rows, recipe.seed))
     report("plan", 0.0)
@@ -118,15 +130,21 @@ def write_artifacts(
         lined = side.submit(lineage)
         try:
             report("scatter", 0.0)
-            samples = with_rows(selected.take(order))
+            samples = with_rows(row_columns(selected, parts).take(order))
             report("scatter", 1.0)
-            report("index", 0.0)
-            index_path = out / "index.arrow"
-            write_table(index_path, _index_table(recipe, samples))
-            report("index", 1.0)
-            report("manifest", 0.0)
-            manifest_path = out / "manifest.parquet"
-            _write_parquet(manifest_path, _manifest_table(recipe, samples))
+            index_path, manifest_path = out / "index.arrow", out / "manifest.parquet"
+            if parts is None:
+                report("index", 0.0)
+                rows = compact_batches(_index_table(recipe, samples), CHUNK_ROWS)
+                write_table(index_path, rows, INDEX_SCHEMA)
+                report("index", 1.0)
+                report("manifest", 0.0)
+                _write_parquet(manifest_path, _manifest_table(recipe, samples))
+            else:
+                report("index", 0.0)
+                _stream_rows(recipe, parts, selected, order, index_path, manifest_path)
+                report("index", 1.0)
+                report("manifest", 0.0)
             report("manifest", 1.0)
             summary = planned.result()
             report("plan", 1.0)
@@ -297,6 +315,24 @@ def _manifest_table(recipe: Recipe, samples: pa.Table) -> pa.Table:
     table = table.append_column("score_versions", pa.repeat(pa.scalar(versions), n))
     table = table.append_column("caption_version", pa.repeat(pa.scalar(recipe.captions.version), n))
     return table.combine_chunks()
+
+
+def _stream_rows(
+    recipe: Recipe,
+    parts: KeptParts,
+    selected: pa.Table,
+    order: pa.Array,
+    index_path: Path,
+    manifest_path: Path,
+) -> None:
+    """The index and the manifest of a partitioned selection, streamed from its files."""
+    stream_artifacts(
+        parts,
+        selected,
+        order.to_numpy(),
+        index=(index_path, lambda chunk: _index_table(recipe, chunk)),
+        manifest=(manifest_path, lambda chunk: _manifest_table(recipe, chunk), _PARQUET_OPTIONS),
+    )
 
 
 def _write_parquet(path: Path, table: pa.Table) -> None:

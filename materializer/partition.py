@@ -17,12 +17,14 @@ The driver plans each table's scan at the pin once (:func:`catalog.scan_plan.pla
 and deals its files to the partitions by their ``clip_id`` (``asset_id``) bounds
 (:func:`catalog.scan_plan.split_plan`); an executor (:mod:`materializer.executors`)
 runs :func:`~materializer.asset_side.run_asset_partition` on each asset range, then
-:func:`run_partition` on each clip range: the clip view query (:mod:`materializer.clip_view`)
-over that partition's rows, reduced to its kept samples, drop counts, per-stream match
-counts and eval clip ids
-(:class:`Candidates`). The driver merges them in partition order and sorts the kept
-samples by ``(rung, clip_id)``: a total order, so the merged candidates, and every
-artifact cut from them, are the same for every executor and every ``P``.
+:func:`run_partition` on each clip range: the clip view query
+(:mod:`materializer.clip_view`) over that partition's rows, reduced to its kept
+samples, drop counts, per-stream match counts and eval clip ids (:class:`Candidates`).
+Each partition writes its kept samples to a file in the cut's scratch and returns only
+the columns the driver reads (:mod:`materializer.partition_merge`); the driver merges
+them in partition order and sorts them by ``(rung, clip_id)``: a total order, so the
+merged candidates, and every artifact cut from them (the manifest and index streamed
+from the files), are the same for every executor and every ``P``.
 """
 
 from __future__ import annotations
@@ -59,6 +61,13 @@ from materializer.coverage import (
     merge_coverage,
 )
 from materializer.executors import Executor
+from materializer.partition_merge import (
+    KeptParts,
+    driver_columns,
+    merge_order,
+    new_parts,
+    spill_kept,
+)
 from materializer.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -124,6 +133,10 @@ class Candidates:
         eval_ids: The eval clip ids of the pinned catalog, sorted.
         backfill: Which candidate clips lack the recipe's score and caption versions
             (:mod:`materializer.coverage`).
+        spill: A clip partition's: the file its kept samples were written to, when
+            ``kept`` holds only the driver columns (:mod:`materializer.partition_merge`).
+        parts: The merged candidates' partition files, when ``kept`` holds only the
+            driver columns with ``_part`` and ``_pos``; the caller closes it.
     """
 
     kept: pa.Table
@@ -132,6 +145,8 @@ class Candidates:
     count: int = 0
     eval_ids: list[str] = field(default_factory=list)
     backfill: BackfillCoverage | None = None
+    spill: str | None = None
+    parts: KeptParts | None = None
 
 
 def bucket_bounds(p: int, partitions: int) -> tuple[str | None, str | None]:
@@ -231,12 +246,16 @@ def query_candidates(
 class ClipShared:
     """What every clip partition receives once: the query, the broadcast eval sets,
     the asset shards to look its assets up in, and the empty tables of a recipe that
-    reads none of them (scores without score versions)."""
+    reads none of them (scores without score versions); ``spill``, the directory the
+    partitions write their kept samples to, returning only the driver ``columns``
+    (None: every column is returned)."""
 
     query: ViewQuery
     evals: EvalSets
     shards: tuple[Shard, ...]
     empty: dict[str, pa.Table]
+    spill: str | None = None
+    columns: tuple[str, ...] = ()
 
 
 def partition_inputs(shared: ClipShared, scans: dict[str, ScanPlan]) -> dict[str, pa.Table]:
@@ -249,25 +268,36 @@ def partition_inputs(shared: ClipShared, scans: dict[str, ScanPlan]) -> dict[str
 
 
 def run_partition(shared: ClipShared, scans: dict[str, ScanPlan]) -> Candidates:
-    """One clip partition's candidates (:func:`partition_inputs`, then the clip view).
-    A top-level function, so that a process pool or Ray can run it."""
-    return query_candidates(shared.query, partition_inputs(shared, scans), shared.evals)
+    """One clip partition's candidates (:func:`partition_inputs`, then the clip view);
+    with ``shared.spill``, its kept samples written there and only the driver columns
+    returned. A top-level function, so that a process pool or Ray can run it."""
+    found = query_candidates(shared.query, partition_inputs(shared, scans), shared.evals)
+    if shared.spill is not None:
+        found.kept, found.spill = spill_kept(found.kept, shared.spill, shared.columns)
+    return found
 
 
-def merge(parts: list[Candidates], recipe: Recipe) -> Candidates:
-    """The candidates of every partition as one (kept samples in the total order)."""
+def merge(parts: list[Candidates], recipe: Recipe, kept_parts: KeptParts | None) -> Candidates:
+    """The candidates of every partition as one (kept samples in the total order;
+    with ``kept_parts``, the driver columns and the partitions' files there)."""
     drops: dict[str, int] = {}
     for part in parts:
         for reason, n in part.drops.items():
             drops[reason] = drops.get(reason, 0) + n
-    kept = pa.concat_tables([p.kept for p in parts], promote_options="permissive")
+    if kept_parts is not None:
+        kept_parts.files = [str(p.spill) for p in parts]
+        kept = merge_order([p.kept for p in parts])
+    else:
+        kept = pa.concat_tables([p.kept for p in parts], promote_options="permissive")
+        kept = kept.sort_by([("rung", "ascending"), ("clip_id", "ascending")])
     return Candidates(
-        kept=kept.sort_by([("rung", "ascending"), ("clip_id", "ascending")]),
+        kept=kept,
         drops=drops,
         match_counts=[sum(c) for c in zip(*(p.match_counts for p in parts), strict=True)],
         count=sum(p.count for p in parts),
         eval_ids=sorted(i for p in parts for i in p.eval_ids),
         backfill=merge_coverage(recipe, backfills) if (backfills := _backfills(parts)) else None,
+        parts=kept_parts,
     )
 
 
@@ -286,13 +316,20 @@ def partitioned_candidates(
     scan: Callable[[str], pa.Table],
     coverage: bool = True,
     scratch: str | None = None,
+    spill_kept: bool = True,
 ) -> Candidates:
     """The candidates of ``recipe`` at ``pin`` over ``partitions`` ``clip_id`` buckets
     run on ``executor``, after the asset partitions (:func:`asset_partitions` of them,
     by ``asset_id``) have written their shards to a temp directory under ``scratch``
     (None: the system's), removed whatever happens. ``filters`` are the per-table row
     filters of the recipe, ``scan(name)`` reads a table the recipe reads none of,
-    ``coverage``: compute backfill coverage too."""
+    ``coverage``: compute backfill coverage too.
+
+    The clip partitions write their kept samples to a new directory under ``scratch``
+    (:mod:`materializer.partition_merge`) and return the driver columns only: the
+    result's ``parts`` names the files, and the caller closes it (removed here if the
+    map fails). ``spill_kept=False``: the partitions return every column and the
+    driver holds them all (the path before; benchmarks compare the two)."""
     # A recipe without scores reads none: that table is sent empty.
     names = [n for n in CLIP_TABLES if n != "scores" or recipe.score_versions()]
     empty = {name: scan(name) for name in CLIP_TABLES if name not in names}
@@ -320,8 +357,18 @@ def partitioned_candidates(
         split = {name: split_plan(plans[name], "clip_id", clip_ranges) for name in names}
         tasks = [{name: split[name][p] for name in names} for p in range(partitions)]
         query = ViewQuery.of(recipe, coverage=coverage)
-        shared = ClipShared(query, EvalSets.of(parts), shards, empty)
-        return merge(executor.map(run_partition, shared, tasks), recipe)
+        if not spill_kept:
+            shared = ClipShared(query, EvalSets.of(parts), shards, empty)
+            return merge(executor.map(run_partition, shared, tasks), recipe, None)
+        kept = new_parts(scratch)
+        try:
+            shared = ClipShared(
+                query, EvalSets.of(parts), shards, empty, kept.directory, driver_columns(recipe)
+            )
+            return merge(executor.map(run_partition, shared, tasks), recipe, kept)
+        except BaseException:
+            kept.close()
+            raise
 
 
 def _pool_session(executor: Executor) -> AbstractContextManager[Any]:

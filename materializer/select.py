@@ -51,6 +51,7 @@ from materializer.partition import (
     partitioned_candidates,
     query_candidates,
 )
+from materializer.partition_merge import KeptParts
 from materializer.recipe import Recipe
 
 if TYPE_CHECKING:
@@ -86,6 +87,9 @@ class Selection:
         decontamination: What eval decontamination checked (None without it).
         centroids: The semantic dedup's fitted centroids (None without it).
         backfill: Which candidate clips lack the recipe's score and caption versions.
+        parts: A partitioned selection's kept-sample files: ``samples`` then holds
+            only the columns a cut's driver reads (:mod:`materializer.partition_merge`)
+            and the caller removes the files (:meth:`close`).
     """
 
     samples: pa.Table
@@ -95,6 +99,12 @@ class Selection:
     decontamination: Decontamination | None = None
     centroids: CentroidSet | None = None
     backfill: BackfillCoverage | None = None
+    parts: KeptParts | None = None
+
+    def close(self) -> None:
+        """Remove a partitioned selection's kept-sample files (else nothing)."""
+        if self.parts is not None:
+            self.parts.close()
 
 
 def select(
@@ -118,9 +128,24 @@ def select(
             The selection does not depend on it.
         coverage: Compute the backfill coverage (``Selection.backfill``; a cut needs
             it only for a ``min_coverage`` gate).
+
+    A partitioned selection's samples hold only the columns a cut's driver reads,
+    the rest in files the caller removes (:meth:`Selection.close`).
     """
     report = progress or (lambda stage, fraction: None)
     found = _candidates(catalog, recipe, pin, report, execution, coverage=coverage)
+    try:
+        return _selected(catalog, recipe, pin, found, report)
+    except BaseException:
+        if found.parts is not None:
+            found.parts.close()  # a failed selection leaves no kept-sample files
+        raise
+
+
+def _selected(
+    catalog: VidlakeCatalog, recipe: Recipe, pin: Pin, found: Candidates, report: Progress
+) -> Selection:
+    """The candidates through every later drop (:func:`select`)."""
     report("join", 1.0)
     check_stream_matches(recipe, found.match_counts)
     candidates = found.count
@@ -157,6 +182,7 @@ def select(
         decontamination=decontamination,
         centroids=centroids,
         backfill=found.backfill,
+        parts=found.parts,
     )
 
 
@@ -173,11 +199,14 @@ class Execution:
 
     ``scratch``: where the partitioned cut's temp directory of asset shards goes (None:
     the system's temp directory); on a multi-host Ray cluster, a directory every node
-    mounts at the same path (:mod:`materializer.asset_side`)."""
+    mounts at the same path (:mod:`materializer.asset_side`); the clip partitions'
+    kept samples go there too. ``spill_kept=False`` returns every kept column to
+    the driver instead (the earlier path, for benchmarks; the same artifacts)."""
 
     executor: Executor
     partitions: int = 1
     scratch: str | None = None
+    spill_kept: bool = True
 
 
 def candidate_coverage(catalog: VidlakeCatalog, recipe: Recipe, pin: Pin) -> BackfillCoverage:
@@ -214,7 +243,7 @@ def _candidates(
         return partitioned_candidates(
             catalog, recipe, pin, filters, executor=execution.executor,
             partitions=execution.partitions, scan=scan, coverage=coverage,
-            scratch=execution.scratch,
+            scratch=execution.scratch, spill_kept=execution.spill_kept,
         )  # fmt: skip
     tables = {}
     for i, name in enumerate(SCAN_COLUMNS):
@@ -300,10 +329,10 @@ def _embedding_drops(
     eval_ids: list[str],
     drops: dict[str, int],
 ) -> tuple[pa.Table, Decontamination | None, CentroidSet | None]:
-    clip_ids = pc.unique(table["clip_id"])
     excl = recipe.exclusions.eval_near_duplicates
     found = None
     if excl is not None:
+        clip_ids = pc.unique(table["clip_id"])
         index = catalog.embeddings(
             excl.embedding_model, version=pin.embeddings.get(excl.embedding_model)
         )

@@ -21,7 +21,7 @@ import pytest
 
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
-from catalog.errors import InvalidInput, StorageError
+from catalog.errors import InvalidInput, InvalidRecipe, StorageError
 from manifests.format import LINEAGE_NAME, QUALITY_NAME
 from materializer.cut import build_artifacts
 from materializer.executors import LocalExecutor, RayExecutor, open_executor, parse_executor
@@ -99,6 +99,21 @@ def test_every_partition_count_gives_the_same_artifact_bytes(
     assert snap == baseline[1]  # counts, drops, shares: every fact of snapshot.json
 
 
+def test_a_recipe_without_embedding_drops_gives_the_same_bytes_partitioned(
+    catalog: VidlakeCatalog, tmp_path: Path
+) -> None:
+    """Without embedding drops the driver has no clip ids (the snapshot counts clips
+    by partition and number): the same bytes and snapshot as the one-process cut."""
+    doc = small_corpus_demo()
+    doc.pop("semantic_dedup")
+    doc["exclusions"].pop("eval_near_duplicates")
+    plain = load_recipe(doc)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "p3").mkdir()
+    base = _cut(catalog, plain, tmp_path / "one", None)
+    assert _cut(catalog, plain, tmp_path / "p3", Execution(LocalExecutor(1), 3)) == base
+
+
 @pytest.mark.slow  # a spawned pool of 2 imports pyarrow, DuckDB and pyiceberg (~5-10 s)
 def test_a_process_pool_gives_the_same_artifact_bytes(
     catalog: VidlakeCatalog,
@@ -164,6 +179,73 @@ def test_a_clip_partition_receives_its_assets_and_the_eval_sets_only(
         assert set(inputs["asset_rows"]["asset_id"].to_pylist()) == referenced
         assert inputs["asset_rows"].num_rows == len(referenced) < assets.num_rows / 2
         assert not set(inputs) & {"assets", "tombstones", "asset_events"}
+
+
+def test_the_driver_receives_only_the_columns_it_reads(
+    catalog: VidlakeCatalog, recipe: Recipe, tmp_path: Path
+) -> None:
+    """Each clip partition keeps its wide rows (captions, latent locations, ids) in a
+    file of the cut's scratch and returns only what selection and the plan read; the
+    selection's files go when it is closed."""
+    from materializer.cut import checked_pin
+    from materializer.partition_merge import PART, POS, driver_columns
+    from materializer.select import select
+
+    seen: list[Any] = []
+
+    class _Seeing:
+        def map(self, fn: Any, shared: Any, tasks: Any, *, label: str = "partition") -> Any:
+            results = LocalExecutor(1).map(fn, shared, tasks, label=label)
+            seen.extend(results if fn is run_partition else [])
+            return results
+
+    execution = Execution(_Seeing(), 3, scratch=str(tmp_path))  # type: ignore[arg-type]
+    selection = select(catalog, recipe, checked_pin(catalog, recipe, None), execution=execution)
+    allowed = {*driver_columns(recipe), PART, POS, "bucket"}
+    assert len(seen) == 3 and all(set(c.kept.column_names) <= allowed for c in seen)
+    assert set(selection.samples.column_names) <= allowed
+    assert not {"captions", "object_sha256", "member_sha256"} & set(selection.samples.column_names)
+    assert selection.parts is not None and len(selection.parts.files) == 3
+    assert all(Path(f).is_file() for f in selection.parts.files)
+    selection.close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_selection_that_fails_after_the_partitions_leaves_no_files(
+    catalog: VidlakeCatalog, tmp_path: Path
+) -> None:
+    from materializer.cut import checked_pin
+    from materializer.select import select
+
+    doc = small_corpus_demo()
+    doc["streams"][0]["where"] = "source_tier = 'no such tier'"
+    empty = load_recipe(doc)
+    execution = Execution(LocalExecutor(1), 3, scratch=str(tmp_path))
+    with pytest.raises(InvalidRecipe, match=r"streams\[0\]\.where"):
+        select(catalog, empty, checked_pin(catalog, empty, None), execution=execution)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_clip_map_leaves_no_kept_sample_files(
+    catalog: VidlakeCatalog, recipe: Recipe, tmp_path: Path
+) -> None:
+    """The clip partitions ran (their files are written) and then the map failed: the
+    cut fails and the scratch is empty."""
+
+    class _FailsAfter:
+        def map(self, fn: Any, shared: Any, tasks: Any, *, label: str = "partition") -> Any:
+            results = LocalExecutor(1).map(fn, shared, tasks, label=label)
+            if fn is run_partition:
+                assert all(Path(c.spill).is_file() for c in results)
+                raise StorageError("partition 2 of 3 failed: its worker died")
+            return results
+
+    execution = Execution(_FailsAfter(), 3, scratch=str(tmp_path / "scratch"))  # type: ignore[arg-type]
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "out").mkdir()
+    with pytest.raises(StorageError, match="partition 2 of 3"):
+        build_artifacts(catalog, recipe, tmp_path / "out", execution=execution)
+    assert list((tmp_path / "scratch").iterdir()) == []
 
 
 def test_buckets_are_key_ranges_that_cover_every_id_once() -> None:
