@@ -22,8 +22,9 @@ jobs            none
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,6 +68,20 @@ class Plan:
             "eval": self.eval,
             "near_duplicates": self.near_duplicates,
         }
+
+
+def _side_check(check: Callable[[], object]) -> Future[object]:
+    """``check`` started on a thread of its own; its future holds the result or error."""
+    done: Future[object] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(check())
+        except BaseException as exc:  # handed to whoever waits on the future
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="vidlake-clip-ids", daemon=True).start()
+    return done
 
 
 def first_bad(mask: pa.ChunkedArray | pa.Array | NDArray[np.bool_]) -> int | None:
@@ -216,16 +231,19 @@ class Planner:
 
         if given is None or given.null_count:
             return self._plan_clip_rows(batch, tbl, verify())
-        # Every id is given: plan with them and re-derive every one while the data file
-        # is written (the hashing is Python, the write releases the GIL). A wrong id
-        # still rejects the batch, and its error comes first, as if checked first.
-        ids = combined(given)
+        # Every id is given: plan with them and re-derive every one on a side thread from
+        # now on, beside the planning and then the data file's write (the hashing holds
+        # the GIL; the key index's numpy searches and the Parquet write release it). A
+        # wrong id still rejects the batch, and its error comes first, as if checked first.
+        checking = _side_check(verify)
         try:
-            todo = self._plan_clip_rows(batch, tbl, ids)
-        except InvalidBatch:
-            verify()
+            todo = self._plan_clip_rows(batch, tbl, combined(given))
+        except BaseException as exc:
+            error = checking.exception()  # waits: nothing outlives the call
+            if isinstance(exc, InvalidBatch) and isinstance(error, InvalidBatch):
+                raise error from None
             raise
-        todo.verify = verify
+        todo.verify = checking.result
         return todo
 
     def _plan_clip_rows(self, batch: pa.Table, tbl: Table, ids: pa.Array) -> Plan:
