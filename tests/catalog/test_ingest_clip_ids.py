@@ -5,6 +5,7 @@ id still rejects the batch first, and no check outlives the call."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,9 @@ from tests.catalog.test_append import _assets, _clips
 
 
 @pytest.fixture
-def cat(tmp_path: Path) -> VidlakeCatalog:
+def cat(tmp_path: Path) -> Iterator[VidlakeCatalog]:
     catalog = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path))
-    yield catalog  # type: ignore[misc]
+    yield catalog
     catalog.close()
 
 
