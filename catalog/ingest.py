@@ -13,7 +13,7 @@ table           rule
 assets          dedup by id, eval carve-out, near-duplicate links (:mod:`catalog.rules`)
 clips           the asset exists, ``split`` is the asset's, ``clip_id`` is the rule's
 latents         the clip exists; objects, ranges and headers checked once per batch
-scores,captions the clip exists
+scores,captions the clip exists (checked while the rows are written)
 tombstones,     the asset (and ``related_asset_id``) exists
 asset_events
 jobs            none
@@ -121,15 +121,24 @@ class Planner:
         return Plan(batch)
 
     def plan_clip_refs(self, batch: pa.Table, tbl: Table) -> Plan:
-        """Scores and captions: every row's clip exists."""
+        """Scores and captions: every row's clip exists.
+
+        The rows do not depend on the check, so it is the plan's ``verify``: it runs
+        while the data file is written (the key index's searches and the Parquet write
+        both release the GIL), and an unknown clip still rejects the batch with nothing
+        committed (the file written for it is removed)."""
         self._keys.sync("clips")
-        if (row := first_bad(self._keys.has("clips", batch["clip_id"], expect=True))) is not None:
-            raise InvalidBatch(
-                f"row {row}, field 'clip_id': unknown clip {batch['clip_id'][row]}",
-                row=row,
-                field="clip_id",
-            )
-        return Plan(batch)
+
+        def verify() -> None:
+            known = self._keys.has("clips", batch["clip_id"], expect=True)
+            if (row := first_bad(known)) is not None:
+                raise InvalidBatch(
+                    f"row {row}, field 'clip_id': unknown clip {batch['clip_id'][row]}",
+                    row=row,
+                    field="clip_id",
+                )
+
+        return Plan(batch, verify=verify)
 
     def plan_asset_refs(self, batch: pa.Table, tbl: Table) -> Plan:
         """Tombstones and asset events: the asset (and a related one) exists."""
