@@ -146,6 +146,18 @@ def test_vectorised_clip_ids_of_sliced_and_chunked_columns() -> None:
     assert rules.clip_ids(sliced, s, e, v).to_pylist() == want
 
 
+def test_vectorised_clip_ids_at_digit_and_rounding_boundaries() -> None:
+    # Where the whole part gains a digit, the fraction carries, or a value sits just
+    # under the exactness limit of the vectorised text (2**52 microseconds).
+    edges = [0.0, 1e-6, 4.9e-7, 5.1e-7, 0.9999994, 0.9999996, 9.999999, 9.9999996, 10.0]
+    edges += [10.0**k - 1e-6 for k in range(1, 10)] + [10.0**k for k in range(1, 10)]
+    edges += [4503599627.370495, 4503599627.370496, 4503599627.370497, 1e-300, 5e-324]
+    x = np.array(edges, dtype=np.float64)
+    a = ["ab" * 32] * len(x)
+    got = rules.clip_ids(a, x, x[::-1].copy(), ["v"] * len(x)).to_pylist()
+    assert got == [rules.clip_id("ab" * 32, s, e, "v") for s, e in zip(x, x[::-1], strict=True)]
+
+
 def test_clip_id_is_the_documented_hash() -> None:
     a = "ab" * 32
     text = f"{a}:1.500000:3.000000:scenes-v1"
