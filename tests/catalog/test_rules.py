@@ -158,6 +158,11 @@ def test_vectorised_clip_ids_at_digit_and_rounding_boundaries() -> None:
     assert got == [rules.clip_id("ab" * 32, s, e, "v") for s, e in zip(x, x[::-1], strict=True)]
 
 
+def test_vectorised_clip_ids_refuse_a_null_input() -> None:
+    with pytest.raises(ValueError, match="row 1 has a null input"):
+        rules.clip_ids(["a", None], np.zeros(2), np.ones(2), ["v", "v"])
+
+
 def test_clip_id_is_the_documented_hash() -> None:
     a = "ab" * 32
     text = f"{a}:1.500000:3.000000:scenes-v1"
