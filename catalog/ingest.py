@@ -56,8 +56,9 @@ class Plan:
     eval: int = 0
     near_duplicates: int = 0
     events: pa.Table | None = None
-    #: A check run while the rows are written, before the commit (CPU-bound Python:
-    #: the Parquet write releases the GIL, so the two overlap).
+    #: A check whose answer does not change the rows, run while they are written and
+    #: before the commit (the Parquet write releases the GIL, so the two overlap): a
+    #: clip batch's id re-derivation, a score or caption batch's clip references.
     verify: Callable[[], object] | None = None
 
     def counts(self, inserted: int) -> dict[str, int]:
