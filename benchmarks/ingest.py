@@ -42,6 +42,15 @@ Round 4 (thread CPU of each stage, 200k clips, load 8, 1.49 s in all): the key i
 (beside the clip writes), batch SHA-256, coercion, table loads and manifests 4 % each
 or less. cProfile overstates the commit's share (deep copies are many small Python
 calls): measure stages with ``time.thread_time`` instead.
+
+Round 5 (py-spy with idle samples, the main thread's wall time, 1M clips, load 5): the
+key index 48 % (its look-ups 36 %), clip-id re-derivation 20 %, the score batches'
+data-file writes 14 %, coercion 6 %, the SQL commit 5 % (most of it SQLite's fsync),
+manifests 3 %, batch SHA-256 2 %. At 3M the key index is 65 % and its CPU grows 4.5x
+for 3x the rows (every other stage grows linearly): the score batches' reference checks
+search the index's in-memory runs. Since then a score batch's reference check runs
+beside its data file's write, and the clip-id re-derivation beside the planning
+(decision 046).
 """
 
 from __future__ import annotations
