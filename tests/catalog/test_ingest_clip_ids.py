@@ -83,4 +83,8 @@ def test_a_planning_failure_waits_for_the_check_and_a_wrong_id_comes_first(
     with pytest.raises(InvalidBatch) as exc:
         cat.add_clips(wrong)
     assert (exc.value.row, exc.value.field) == (3, "clip_id")
-    assert not [t for t in threading.enumerate() if t.name == "vidlake-clip-ids"]
+    # The check's thread ends right after handing over its answer (joined, not polled:
+    # it may still be returning when the error reaches the caller).
+    for thread in [t for t in threading.enumerate() if t.name == "vidlake-clip-ids"]:
+        thread.join(timeout=5)
+        assert not thread.is_alive()
