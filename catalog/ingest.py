@@ -13,7 +13,7 @@ table           rule
 assets          dedup by id, eval carve-out, near-duplicate links (:mod:`catalog.rules`)
 clips           the asset exists, ``split`` is the asset's, ``clip_id`` is the rule's
 latents         the clip exists; objects, ranges and headers checked once per batch
-scores,captions the clip exists
+scores,captions the clip exists (checked while the rows are written)
 tombstones,     the asset (and ``related_asset_id``) exists
 asset_events
 jobs            none
@@ -22,8 +22,9 @@ jobs            none
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,8 +56,9 @@ class Plan:
     eval: int = 0
     near_duplicates: int = 0
     events: pa.Table | None = None
-    #: A check run while the rows are written, before the commit (CPU-bound Python:
-    #: the Parquet write releases the GIL, so the two overlap).
+    #: A check whose answer does not change the rows, run while they are written and
+    #: before the commit (the Parquet write releases the GIL, so the two overlap): a
+    #: clip batch's id re-derivation, a score or caption batch's clip references.
     verify: Callable[[], object] | None = None
 
     def counts(self, inserted: int) -> dict[str, int]:
@@ -67,6 +69,20 @@ class Plan:
             "eval": self.eval,
             "near_duplicates": self.near_duplicates,
         }
+
+
+def _side_check(check: Callable[[], object]) -> Future[object]:
+    """``check`` started on a thread of its own; its future holds the result or error."""
+    done: Future[object] = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(check())
+        except BaseException as exc:  # handed to whoever waits on the future
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="vidlake-clip-ids", daemon=True).start()
+    return done
 
 
 def first_bad(mask: pa.ChunkedArray | pa.Array | NDArray[np.bool_]) -> int | None:
@@ -106,15 +122,24 @@ class Planner:
         return Plan(batch)
 
     def plan_clip_refs(self, batch: pa.Table, tbl: Table) -> Plan:
-        """Scores and captions: every row's clip exists."""
+        """Scores and captions: every row's clip exists.
+
+        The rows do not depend on the check, so it is the plan's ``verify``: it runs
+        while the data file is written (the key index's searches and the Parquet write
+        both release the GIL), and an unknown clip still rejects the batch with nothing
+        committed (the file written for it is removed)."""
         self._keys.sync("clips")
-        if (row := first_bad(self._keys.has("clips", batch["clip_id"], expect=True))) is not None:
-            raise InvalidBatch(
-                f"row {row}, field 'clip_id': unknown clip {batch['clip_id'][row]}",
-                row=row,
-                field="clip_id",
-            )
-        return Plan(batch)
+
+        def verify() -> None:
+            known = self._keys.has("clips", batch["clip_id"], expect=True)
+            if (row := first_bad(known)) is not None:
+                raise InvalidBatch(
+                    f"row {row}, field 'clip_id': unknown clip {batch['clip_id'][row]}",
+                    row=row,
+                    field="clip_id",
+                )
+
+        return Plan(batch, verify=verify)
 
     def plan_asset_refs(self, batch: pa.Table, tbl: Table) -> Plan:
         """Tombstones and asset events: the asset (and a related one) exists."""
@@ -216,16 +241,19 @@ class Planner:
 
         if given is None or given.null_count:
             return self._plan_clip_rows(batch, tbl, verify())
-        # Every id is given: plan with them and re-derive every one while the data file
-        # is written (the hashing is Python, the write releases the GIL). A wrong id
-        # still rejects the batch, and its error comes first, as if checked first.
-        ids = combined(given)
+        # Every id is given: plan with them and re-derive every one on a side thread from
+        # now on, beside the planning and then the data file's write (the hashing holds
+        # the GIL; the key index's numpy searches and the Parquet write release it). A
+        # wrong id still rejects the batch, and its error comes first, as if checked first.
+        checking = _side_check(verify)
         try:
-            todo = self._plan_clip_rows(batch, tbl, ids)
-        except InvalidBatch:
-            verify()
+            todo = self._plan_clip_rows(batch, tbl, combined(given))
+        except BaseException as exc:
+            error = checking.exception()  # waits: nothing outlives the call
+            if isinstance(exc, InvalidBatch) and isinstance(error, InvalidBatch):
+                raise error from None
             raise
-        todo.verify = verify
+        todo.verify = checking.result
         return todo
 
     def _plan_clip_rows(self, batch: pa.Table, tbl: Table, ids: pa.Array) -> Plan:

