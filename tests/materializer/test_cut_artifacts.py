@@ -102,14 +102,15 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
-def test_lineage_does_not_wait_for_the_scatter_of_every_column(
+def test_the_plan_does_not_wait_for_the_scatter_of_every_column(
     lake: tuple[VidlakeCatalog, Path],
     recipe: Recipe,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The side thread's lineage may start before this thread has scattered the
-    samples: it must read nothing this thread has yet to compute."""
+    """The side thread's plan runs before this thread has scattered the samples (the
+    index and lineage are queued after it): it reads nothing this thread has yet to
+    compute."""
     catalog, _ = lake
     one, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
     planned = threading.Event()
@@ -124,7 +125,7 @@ def test_lineage_does_not_wait_for_the_scatter_of_every_column(
 
     def rows(table: object) -> object:
         calls.append(table)
-        if len(calls) == 2:  # the full scatter: let the plan and its lineage go first
+        if len(calls) == 2:  # the full scatter: let the plan finish first
             assert planned.wait(60)
             time.sleep(0.3)
         return real_rows(table)  # type: ignore[arg-type]
