@@ -3,8 +3,9 @@
 Stages (each reported through ``progress(stage, fraction)``, always from the calling
 thread): ``pin``, ``scan``, ``join``, ``embeddings`` (in
 :func:`materializer.select.select`), ``scatter``, ``plan``, ``index``, ``manifest``,
-``lineage``, ``quality``, ``publish``. ``plan`` and ``lineage`` run on a side thread
-beside the others (:mod:`materializer.cut_artifacts`); the bytes are the same.
+``lineage``, ``quality``, ``publish``. ``plan``, ``index`` and ``lineage`` run on a
+side thread beside the others (:mod:`materializer.cut_artifacts`); the bytes are the
+same.
 
 The ``pin`` stage resolves the pin (Iceberg snapshot ids and the LanceDB version of
 every embedding model the recipe reads) and checks the recipe against the catalog

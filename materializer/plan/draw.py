@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from materializer.plan.rng import mix
+from materializer.plan.rng import mix_order
 from materializer.plan.spec import Int64s
 
 __all__ = ["Boundaries", "PoolWalk", "defer_tails", "step_boundaries"]
@@ -181,7 +181,7 @@ class PoolWalk:
         keys = np.arange(first, first + count, dtype=np.uint64)[:, None] * np.uint64(n)
         keys = keys + np.arange(n, dtype=np.uint64)[None, :]
         keys += self.base
-        return np.argsort(mix(keys), axis=1)
+        return mix_order(keys)
 
     def replay_from(self, cumulative: Int64s, quota: int) -> None:
         """Put a fresh walk where steps drawing ``diff(cumulative)`` leave it, as if

@@ -23,7 +23,7 @@ from manifests.format import PLAN_SCHEMA
 from materializer.plan.buckets import BucketScheduler
 from materializer.plan.draw import PoolWalk
 from materializer.plan.layout import PhaseModel, check_quotas
-from materializer.plan.rng import TAG_EPOCH, TAG_STEP, check_seed, derive, mix
+from materializer.plan.rng import TAG_EPOCH, TAG_STEP, check_seed, derive, mix_order
 from materializer.plan.spec import Int32s, Int64s, PhaseSpec
 
 __all__ = [
@@ -174,7 +174,7 @@ class _PhaseRun:
             batch = bm.batch
             keys = (steps[idx] << np.uint64(24))[:, None] | np.arange(batch, dtype=np.uint64)
             keys += self.step_base
-            order = np.argsort(mix(keys), axis=1)
+            order = mix_order(keys)
             shuffled = np.take_along_axis(block.reshape(idx.size, batch), order, axis=1)
             dest = offsets[idx][:, None] + np.arange(batch, dtype=np.int64)
             rows[dest.reshape(-1)] = shuffled.reshape(-1)

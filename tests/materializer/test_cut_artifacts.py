@@ -1,5 +1,6 @@
-"""The cut's artifact stages: the plan (and its lineage) on a side thread, overlapped
-with the index and manifest; on a process pool by step range; the same bytes."""
+"""The cut's artifact stages: the plan, the index and lineage on a side thread,
+overlapped with the manifest and quality; on a process pool by step range; the same
+bytes."""
 
 from __future__ import annotations
 
@@ -42,12 +43,23 @@ def test_progress_comes_from_the_calling_thread_each_stage_opened_then_closed(
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(artifacts, "write_plan", spy)
+    indexed_on: list[int] = []
+    real_table = artifacts.write_table  # type: ignore[attr-defined]
+
+    def table_spy(path: Path, *args: object, **kwargs: object) -> None:
+        if path.name == "index.arrow":
+            indexed_on.append(threading.get_ident())
+        real_table(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(artifacts, "write_table", table_spy)
     calls: list[tuple[str, float, int]] = []
     build_artifacts(
         catalog, recipe, tmp_path, progress=lambda s, f: calls.append((s, f, threading.get_ident()))
     )
     assert {t for _, _, t in calls} == {threading.get_ident()}
     assert planned_on and threading.get_ident() not in planned_on
+    # The index goes to the side thread too, behind the plan: the threads' CPU evens out.
+    assert indexed_on == planned_on
     opened: dict[str, int] = {}
     for i, (stage, fraction, _) in enumerate(calls):
         if fraction == 0.0:
@@ -90,14 +102,15 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
-def test_lineage_does_not_wait_for_the_scatter_of_every_column(
+def test_the_plan_does_not_wait_for_the_scatter_of_every_column(
     lake: tuple[VidlakeCatalog, Path],
     recipe: Recipe,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The side thread's lineage may start before this thread has scattered the
-    samples: it must read nothing this thread has yet to compute."""
+    """The side thread's plan runs before this thread has scattered the samples (the
+    index and lineage are queued after it): it reads nothing this thread has yet to
+    compute."""
     catalog, _ = lake
     one, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
     planned = threading.Event()
@@ -112,7 +125,7 @@ def test_lineage_does_not_wait_for_the_scatter_of_every_column(
 
     def rows(table: object) -> object:
         calls.append(table)
-        if len(calls) == 2:  # the full scatter: let the plan and its lineage go first
+        if len(calls) == 2:  # the full scatter: let the plan finish first
             assert planned.wait(60)
             time.sleep(0.3)
         return real_rows(table)  # type: ignore[arg-type]

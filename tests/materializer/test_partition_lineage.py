@@ -63,10 +63,13 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.parametrize("narrow", [True, False], ids=["uint32-keys", "int64-keys"])
 @pytest.mark.parametrize("pairs_per_range", [1, 13, 500, 1 << 30])
 def test_every_range_size_gives_the_bytes_of_the_in_memory_sort(
-    tmp_path: Path, pairs_per_range: int
+    tmp_path: Path, pairs_per_range: int, narrow: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if not narrow:  # keys too wide for 32 bits: the int64 path
+        monkeypatch.setattr(lineage, "NARROW_KEYS", 0)
     num_rows = 1000
     plan_rows = _plan(tmp_path / "plan.arrow", num_rows, steps=60, batch=32, seed=1)
     write_table(tmp_path / "ref.arrow", _reference(tmp_path / "plan.arrow", num_rows))
@@ -88,9 +91,9 @@ def test_ranges_bound_the_pairs_held_at_once(
     held: list[int] = []
     real = lineage._sorted_range
 
-    def spy(file: Path, lo: int, hi: int, span: int) -> tuple[object, object]:
-        held.append(file.stat().st_size // 16)
-        return real(file, lo, hi, span)
+    def spy(file: Path, rows: int, span: int, dtype: np.dtype) -> tuple[object, object]:
+        held.append(file.stat().st_size // dtype.itemsize)
+        return real(file, rows, span, dtype)
 
     monkeypatch.setattr(lineage, "_sorted_range", spy)
     write_lineage(
@@ -111,3 +114,26 @@ def test_lineage_batches_keep_the_ipc_chunk_across_ranges(tmp_path: Path) -> Non
         tmp_path / "spill", pairs_per_range=20_000,
     )  # fmt: skip
     assert _sha(tmp_path / "l.arrow") == _sha(tmp_path / "ref.arrow")
+
+
+def test_keys_are_spilled_in_four_bytes_when_a_range_fits_32_bits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A range whose keys fit in 32 bits spills 4 bytes a pair, else 8; same output."""
+    plan_rows = _plan(tmp_path / "plan.arrow", 1000, steps=60, batch=32, seed=4)
+    sizes: dict[str, int] = {}
+    real = lineage._sorted_range
+
+    def spy(file: Path, rows: int, span: int, dtype: np.dtype) -> tuple[object, object]:
+        sizes[dtype.name] = sizes.get(dtype.name, 0) + file.stat().st_size
+        return real(file, rows, span, dtype)
+
+    monkeypatch.setattr(lineage, "_sorted_range", spy)
+    outs = []
+    for limit in (1 << 32, 1000 * 60 - 1):  # 1000 rows x 60 steps: fits, then not
+        monkeypatch.setattr(lineage, "NARROW_KEYS", limit)
+        out = tmp_path / f"l-{limit}.arrow"
+        write_lineage(out, tmp_path / "plan.arrow", 1000, plan_rows, tmp_path / "spill")
+        outs.append(_sha(out))
+    assert sizes == {"uint32": 4 * plan_rows, "int64": 8 * plan_rows}
+    assert outs[0] == outs[1]
