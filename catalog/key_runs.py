@@ -53,7 +53,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from catalog.atomic import fsync_dir
-from catalog.key_index_rows import Packed
+from catalog.key_index_rows import Packed, heads
 
 __all__ = [
     "BLOCK",
@@ -118,12 +118,6 @@ class _Open:
     sums: NDArray[np.uint64]
 
 
-def _heads(keys: NDArray[np.uint8]) -> NDArray[np.uint64]:
-    """The first 8 bytes of each digest (one a row) as a big-endian integer: their
-    order is the digests' byte order."""
-    return np.ascontiguousarray(keys[:, :8]).view(">u8").ravel().astype(np.uint64)
-
-
 def _block_sums(data: NDArray[np.uint8], width: int) -> NDArray[np.uint64]:
     """The checksum of each block of ``data`` (whole digests from a block boundary):
     the wrapping sum of its little-endian words, the last block zero padded."""
@@ -163,7 +157,7 @@ class _Writer:
 
     def _blocks(self, rows: NDArray[np.uint8]) -> None:
         if len(rows):
-            self._fence.append(_heads(rows[::BLOCK]))
+            self._fence.append(heads(rows[::BLOCK]))
             self._sums.append(_block_sums(rows.reshape(-1), self.width))
 
     def finish(self) -> None:
@@ -222,7 +216,7 @@ def _probe(run: _Open, keys: NDArray[np.uint8]) -> NDArray[np.bool_]:
     out = np.zeros(len(keys), np.bool_)
     if run.count == 0 or len(keys) == 0:
         return out
-    head = _heads(keys)
+    head = heads(keys)
     last = len(run.fence) - 1
     lo = np.clip(np.searchsorted(run.fence, head, "left") - 1, 0, last)
     hi = np.searchsorted(run.fence, head, "right") - 1  # -1: below the first key
@@ -477,7 +471,8 @@ class KeyRuns:
         return [r for r in runs if width is None or r.width == width]
 
     def has(self, conn: sqlite3.Connection, view: str, group: Packed) -> NDArray[np.bool_]:
-        """Which of ``group``'s digests ``view`` holds; ``group`` must be sorted.
+        """Which of ``group``'s digests ``view`` holds; ``group`` must be sorted by
+        head (:meth:`~catalog.key_index_rows.Packed.sorted`).
 
         Raises:
             RunDamaged: a run the manifest names is missing or damaged.
