@@ -6,7 +6,10 @@ keys of one Iceberg table at one snapshot (:mod:`catalog.key_index_rows` says wh
 ``assets``, ``clips``, ``latents`` and ``near_dup_events`` (the ``near_duplicate``
 rows of ``asset_events``). The ``clips`` and ``latents`` keys live in sorted run files
 beside it (:mod:`catalog.key_runs`; a probe reads one block per key and run, where a
-B-tree read a random leaf), which its ``runs`` table names. A view's ``meta`` row
+B-tree read a random leaf), which its ``runs`` table names. Each clip is there twice:
+by its id (reference checks) and by (asset prefix, id)
+(:func:`~catalog.key_index_rows.asset_clip_digests`), which ingest's duplicate check
+asks, so a batch's clips of one asset share a block. A view's ``meta`` row
 records the table's uuid and the snapshot the view holds, written in the same
 transaction as its keys (or the rows naming its runs), so a crash mid-write leaves
 the previous, consistent state.

@@ -29,8 +29,8 @@ from catalog.key_index_rows import Packed, heads
 
 __all__ = ["FLUSH_KEYS", "Pending", "PendingKeys"]
 
-#: Keys pending per view before they are written (24-28 MB: each digest and its
-#: 8-byte sort key).
+#: Keys pending per view before they are written (each digest and its 8-byte sort
+#: key: 24-28 MB of latents, 56 MB of clips, which have two digests each).
 FLUSH_KEYS = 1 << 20
 
 

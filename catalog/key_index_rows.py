@@ -43,6 +43,7 @@ __all__ = [
     "Packed",
     "Writes",
     "asset_clip_digests",
+    "asset_prefixes",
     "digests",
     "heads",
     "packed_digests",
@@ -220,28 +221,60 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()[:20]
 
 
-#: Bytes of an asset's digest that lead each of its clips' asset-keyed digests.
-ASSET_PREFIX = 8
+#: Bytes that stand for a clip's asset at the head of its asset-keyed digest: with 2
+#: bytes of the clip's own digest they make the 8-byte head a probe searches on, so
+#: one asset's many clips rarely share a head.
+ASSET_PREFIX = 6
+
+
+def asset_prefixes(
+    asset_ids: pa.Array | pa.ChunkedArray,
+) -> tuple[NDArray[np.uint8], NDArray[np.bool_]]:
+    """:data:`ASSET_PREFIX` bytes per asset id (one a row), and which rows have an
+    id: the bytes of its first 12 digits when they are lowercase hex (every hex id's:
+    no need to decode the other 52), else the first bytes of its SHA-256."""
+    arr = combined(asset_ids).cast(pa.large_string())
+    n, digits = len(arr), 2 * ASSET_PREFIX
+    out = np.zeros((n, ASSET_PREFIX), np.uint8)
+    valid = np.ones(n, np.bool_) if arr.null_count == 0 else to_numpy(pc.is_valid(arr))
+    if n == 0:
+        return out, valid
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64)[arr.offset : arr.offset + n + 1]
+    buffer = arr.buffers()[2]
+    data = np.frombuffer(buffer, np.uint8) if buffer is not None else np.zeros(0, np.uint8)
+    lengths = np.diff(offsets)
+    rows = np.flatnonzero(valid & (lengths >= digits))
+    if len(rows) == n and (lengths == lengths[0]).all():  # one width: a strided view
+        text = data[offsets[0] : offsets[-1]].reshape(n, -1)[:, :digits]
+    else:
+        text = data[offsets[rows][:, None] + np.arange(digits)]
+    pairs = _HEX_PAIR[np.ascontiguousarray(text).view("<u2")]
+    if len(rows) == n and pairs.max(initial=0) < 256:  # the usual batch: all hex ids
+        return pairs.astype(np.uint8), valid
+    hexed = (pairs < 256).all(axis=1)
+    out[rows[hexed]] = pairs[hexed].astype(np.uint8)
+    todo = valid.copy()
+    todo[rows[hexed]] = False
+    rest = np.flatnonzero(todo)
+    utf8 = memoryview(buffer if buffer is not None else b"")
+    for row in rest.tolist():
+        digest = hashlib.sha256(utf8[offsets[row] : offsets[row + 1]]).digest()
+        out[row] = np.frombuffer(digest[:ASSET_PREFIX], np.uint8)
+    return out, valid
 
 
 def asset_clip_digests(
     asset_ids: pa.Array | pa.ChunkedArray, clip_ids: pa.Array | pa.ChunkedArray
 ) -> list[Packed]:
-    """The asset-keyed digest of each clip: the first :data:`ASSET_PREFIX` bytes of
-    its asset's digest, then its own digest (24 bytes for a hex clip id; 28 or 40
-    for others: never a width of a clip id's own digest, 16, 20 or 32). A batch's
-    clips of one asset sort next to each other and to that asset's stored clips, so
-    a duplicate check reads about one run block per asset, not one per clip. Exact
-    for duplicates because a clip id is derived from its asset (:func:`catalog.rules.
-    clip_id`, checked on every ingest): one id never names clips of two assets.
-    Rows whose asset or clip id is null have none."""
-    n = len(clip_ids)
-    prefix = np.zeros((n, ASSET_PREFIX), np.uint8)
-    has_asset = np.zeros(n, np.bool_)
-    for group in packed_digests(asset_ids):
-        keys = np.frombuffer(group.data, np.uint8).reshape(-1, group.width)
-        prefix[group.rows] = keys[:, :ASSET_PREFIX]
-        has_asset[group.rows] = True
+    """The asset-keyed digest of each clip: its asset's prefix
+    (:func:`asset_prefixes`), then its own digest (22 bytes for a hex clip id; 26 or
+    38 for others: never a width of a clip id's own digest, 16, 20 or 32). A batch's
+    clips of one asset sort next to each other and to that asset's stored clips, so a
+    duplicate check reads about one run block per asset, not one per clip. Exact for
+    duplicates because a clip id is derived from its asset (:func:`catalog.rules.
+    clip_id`, checked on every ingest): one id never names clips of two assets. Rows
+    whose asset or clip id is null have none."""
+    prefix, has_asset = asset_prefixes(asset_ids)
     out = []
     for group in packed_digests(clip_ids):
         keep = np.flatnonzero(has_asset[group.rows])

@@ -4,6 +4,7 @@ answers exactly as a look-up by clip id, in runs, pending keys and after a rebui
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sqlite3
 from pathlib import Path
@@ -21,7 +22,7 @@ from catalog.config import CatalogConfig
 from catalog.errors import InvalidBatch
 from catalog.key_index import index_path
 from catalog.key_index_pending import Pending
-from catalog.key_index_rows import asset_clip_digests, packed_digests
+from catalog.key_index_rows import asset_clip_digests, asset_prefixes, packed_digests
 from catalog.key_runs import KeyRuns
 from catalog.rules import clip_id
 from tests.catalog._key_index_child import aid, asset, clip
@@ -95,7 +96,7 @@ def test_an_index_of_the_previous_layout_rebuilds_its_clip_keys(tmp_path: Path) 
         cat.add_assets([asset(i) for i in range(6)])
         cat.add_clips(_rows(pairs))
     with sqlite3.connect(index_path(config)) as db:  # as the previous layout wrote it
-        assert db.execute("SELECT count(*) FROM runs WHERE width = 24").fetchone()[0] > 0
+        assert db.execute("SELECT count(*) FROM runs WHERE width = 22").fetchone()[0] > 0
         db.execute("DELETE FROM runs WHERE width != 16")
         db.execute("PRAGMA user_version = 2")
     with VidlakeCatalog.open(config) as cat:
@@ -107,12 +108,15 @@ def test_asset_keyed_digests_lead_with_the_asset_and_never_share_a_width() -> No
     assets, ids = _ids([(0, 0), (0, 1), (1, 0)])
     odd = pa.array(["not-hex", None, "ab" * 32], pa.large_string())
     (hexed,) = asset_clip_digests(assets, ids)
-    assert hexed.width == 24 and hexed.rows.tolist() == [0, 1, 2]
-    prefix = [bytes.fromhex(aid(i))[:8] for i in (0, 0, 1)]
-    assert [hexed.data[j * 24 : j * 24 + 8] for j in range(3)] == prefix
+    assert hexed.width == 22 and hexed.rows.tolist() == [0, 1, 2]
+    prefix = [bytes.fromhex(aid(i))[:6] for i in (0, 0, 1)]
+    assert [hexed.data[j * 22 : j * 22 + 6] for j in range(3)] == prefix
+    assert [hexed.data[j * 22 + 6 : j * 22 + 22] for j in range(3)] == [
+        bytes.fromhex(c) for c in ids.to_pylist()
+    ]
     widths = {g.width for g in asset_clip_digests(pa.array([aid(0), aid(1), None]), odd)}
     own = {g.width for g in packed_digests(odd)}
-    assert widths == {28} and own == {20, 32}  # the null asset's row has none
+    assert widths == {26} and own == {20, 32}  # the null asset's row has none
     assert not widths & {16, 20, 32}
 
 
@@ -152,3 +156,34 @@ def test_by_asset_answers_as_by_clip_id_in_runs_and_pending_keys(
     assert found.tolist() == [p in stored for p in asked]
     runs.close()
     conn.close()
+
+
+def _prefix(asset_id: str) -> bytes:
+    head = asset_id[:12]
+    if len(head) == 12 and all(c in "0123456789abcdef" for c in head):
+        return bytes.fromhex(head)
+    return hashlib.sha256(asset_id.encode()).digest()[:6]
+
+
+@given(
+    st.lists(
+        st.one_of(
+            st.none(),
+            st.text(alphabet="0123456789abcdefX", min_size=10, max_size=70),
+            st.text(max_size=20),
+        ),
+        max_size=30,
+    ),
+    st.integers(0, 3),
+)
+@settings(max_examples=150, deadline=None)
+def test_asset_prefixes_are_the_ids_first_bytes_or_their_hash(
+    ids: list[str | None], cut: int
+) -> None:
+    arr = pa.array(ids, pa.large_string()).slice(min(cut, len(ids)))
+    prefix, valid = asset_prefixes(arr)
+    values = arr.to_pylist()
+    assert valid.tolist() == [v is not None for v in values]
+    for row, value in enumerate(values):
+        if value is not None:
+            assert prefix[row].tobytes() == _prefix(value)

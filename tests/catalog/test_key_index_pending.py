@@ -78,7 +78,7 @@ def test_pending_keys_are_written_when_enough_have_gathered(tmp_path: Path) -> N
         # each width, clip ids and asset-keyed digests, which changes no state); the
         # last 2 pending
         assert len(writes) == 4
-        assert [r.width for r in cat._keys._runs.listed(cat._keys._db(), "clips")] == [16, 24]
+        assert [r.width for r in cat._keys._runs.listed(cat._keys._db(), "clips")] == [16, 22]
         assert _indexed(config, cat, _clip_ids(cat)).sum() == 11
 
 
