@@ -264,7 +264,9 @@ def asset_prefixes(
 
 
 def asset_clip_digests(
-    asset_ids: pa.Array | pa.ChunkedArray, clip_ids: pa.Array | pa.ChunkedArray
+    asset_ids: pa.Array | pa.ChunkedArray,
+    clip_ids: pa.Array | pa.ChunkedArray,
+    own: list[Packed] | None = None,
 ) -> list[Packed]:
     """The asset-keyed digest of each clip: its asset's prefix
     (:func:`asset_prefixes`), then its own digest (22 bytes for a hex clip id; 26 or
@@ -273,16 +275,17 @@ def asset_clip_digests(
     duplicate check reads about one run block per asset, not one per clip. Exact for
     duplicates because a clip id is derived from its asset (:func:`catalog.rules.
     clip_id`, checked on every ingest): one id never names clips of two assets. Rows
-    whose asset or clip id is null have none."""
+    whose asset or clip id is null have none. ``own``: the clip ids'
+    :func:`packed_digests`, when the caller has them."""
     prefix, has_asset = asset_prefixes(asset_ids)
     out = []
-    for group in packed_digests(clip_ids):
+    for group in packed_digests(clip_ids) if own is None else own:
         keep = np.flatnonzero(has_asset[group.rows])
         if len(keep) == 0:
             continue
-        own = np.frombuffer(group.data, np.uint8).reshape(-1, group.width)[keep]
+        keys = np.frombuffer(group.data, np.uint8).reshape(-1, group.width)[keep]
         rows = group.rows[keep]
-        data = np.concatenate([prefix[rows], own], axis=1)
+        data = np.concatenate([prefix[rows], keys], axis=1)
         out.append(Packed(ASSET_PREFIX + group.width, data.tobytes(), rows))
     return out
 
@@ -293,7 +296,7 @@ def view_groups(view: str, rows: pa.Table) -> tuple[list[Packed], list[Packed]]:
     own = packed_digests(view_keys(view, rows))
     if view != "clips":
         return own, []
-    return own, asset_clip_digests(rows["asset_id"], rows["clip_id"])
+    return own, asset_clip_digests(rows["asset_id"], rows["clip_id"], own)
 
 
 def view_keys(view: str, rows: pa.Table) -> pa.Array | pa.ChunkedArray:
