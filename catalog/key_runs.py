@@ -74,9 +74,12 @@ BLOCK = 128
 GAP = 3
 #: Keys per run written at once and per chunk of a merge's inputs.
 CHUNK_KEYS = 1 << 20
-#: Blocks per probe window: a batch is probed window by window, each block read at
-#: most once, into a buffer of at most this many blocks (8-10 MB).
+#: Blocks per probe buffer: a batch is probed in parts, each block read at most once,
+#: into a buffer of at most this many blocks (8-10 MB).
 PROBE_BLOCKS = 4096
+#: Distinct blocks a part's keys may name (each read with up to :data:`GAP` blocks
+#: of others between it and the next).
+_PART_BLOCKS = PROBE_BLOCKS // (GAP + 1)
 #: Size ratio of neighbouring runs (see :func:`merge_plan`).
 FAN = 8
 
@@ -224,7 +227,12 @@ def _probe(run: _Open, keys: NDArray[np.uint8]) -> NDArray[np.bool_]:
     if multi.size:
         out[multi] = _probe_part(run, keys[multi], lo[multi], hi[multi])
     single = np.flatnonzero((hi >= 0) & (hi == lo))
-    window = lo[single] // PROBE_BLOCKS  # non-decreasing: the keys are sorted
+    # Parts of at most _PART_BLOCKS distinct blocks (each read with at most GAP
+    # neighbours: at most PROBE_BLOCKS a buffer), so a batch whose keys cluster in a few
+    # blocks is one part however far apart they lie in the run.
+    block = lo[single]  # non-decreasing: the keys are sorted
+    ordinal = np.cumsum(np.r_[True, block[1:] != block[:-1]]) - 1 if block.size else block
+    window = ordinal // _PART_BLOCKS
     for part in np.split(single, np.flatnonzero(np.diff(window)) + 1):
         if part.size:
             out[part] = _probe_part(run, keys[part], lo[part], hi[part])
