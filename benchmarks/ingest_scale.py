@@ -22,13 +22,16 @@ Prints one JSON line::
 
     {"sizes", "batch", "batches", "pairs", "seed", "seed_flush_keys", "load": [start,
      end], "runs": [{"existing", "rows_per_s", "rows_per_s_all", "close_s", "rss_mb",
-     "index_lookup_s", "index_runs", "pruned_scan_s", "seed_s", "empty":
-     {"rows_per_s", "rows_per_s_all", "rss_mb"}}, ...], "rss_growth", "rate_ratio",
-     "rate_ratio_all"}
+     "index_lookup_s", "index_lookup_clip_s", "index_runs", "pruned_scan_s", "seed_s",
+     "empty": {"rows_per_s", "rows_per_s_all", "rss_mb"}}, ...], "rss_growth",
+     "rate_ratio", "rate_ratio_all"}
 
-``index_lookup_s``: one 10k-key duplicate check of new clips in the fresh process
-(:meth:`catalog.key_index.KeyStore.has`); ``index_runs``: the clip keys' run files
-then (:mod:`catalog.key_runs`).
+``index_lookup_s``: one 10k-key duplicate check of new clips in the fresh process, as
+ingest makes it (:meth:`catalog.key_index.KeyStore.has` with the clips' assets: the
+asset-keyed digests, about one block read per asset and run);
+``index_lookup_clip_s``: the same keys by clip id alone (one block per clip and run,
+as the duplicate check read them before, and as a reference check still does);
+``index_runs``: the clip keys' run files then (:mod:`catalog.key_runs`, both widths).
 
 Each sized run is paired with a run of the same kind into a fresh catalog that holds
 only the assets (``empty``), measured just before it, so a shared box's load shifts
@@ -140,10 +143,14 @@ def _child(config_json: str, shift: float, batch: int, batches: int, scan: bool)
             assert cat.add_clips(rows).inserted == batch
             took.append(time.perf_counter() - t0)
         rate = batch / float(np.median(took))  # the median batch: a shared box's noise
-        probe = _clips(batches * batch, batch, shift)["clip_id"]
+        probe_rows = _clips(batches * batch, batch, shift)
+        probe = probe_rows["clip_id"]
         t0 = time.perf_counter()
-        cat._keys.has("clips", probe)
+        cat._keys.has("clips", probe, assets=probe_rows["asset_id"])  # as ingest asks
         index_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cat._keys.has("clips", probe)  # by clip id alone (a reference check's way)
+        index_clip_s = time.perf_counter() - t0
         runs = len(cat._keys._runs.listed(cat._keys._db(), "clips"))
         t0 = time.perf_counter()
         cat._keys.close()  # writes the keys still pending: part of the ingest's cost
@@ -155,6 +162,7 @@ def _child(config_json: str, shift: float, batch: int, batches: int, scan: bool)
             "close_s": round(close_s, 3),
             "rss_mb": round(rss, 1),
             "index_lookup_s": round(index_s, 4),
+            "index_lookup_clip_s": round(index_clip_s, 4),
             "index_runs": runs,
         }
         if not scan:

@@ -273,7 +273,8 @@ class Planner:
                     f"row {row}, field 'split': differs from the asset's", row=row, field="split"
                 )
         self._keys.sync("clips", tbl)
-        dup = self._keys.has("clips", ids) | ~first_occurrence(ids, rules.hex_prefix64(ids))
+        dup = self._keys.has("clips", ids, assets=batch["asset_id"])
+        dup |= ~first_occurrence(ids, rules.hex_prefix64(ids))
         rows = batch.drop_columns([c for c in ("clip_id", "split") if c in batch.column_names])
         rows = rows.append_column("clip_id", ids).append_column("split", split)
         if dup.any():

@@ -25,12 +25,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from catalog.key_index_recent import State
-from catalog.key_index_rows import Packed
+from catalog.key_index_rows import Packed, heads
 
 __all__ = ["FLUSH_KEYS", "Pending", "PendingKeys"]
 
-#: Keys pending per view before they are written (24-28 MB: each digest and its
-#: 8-byte sort key).
+#: Keys pending per view before they are written (each digest and its 8-byte sort
+#: key: 24-28 MB of latents, 56 MB of clips, which have two digests each).
 FLUSH_KEYS = 1 << 20
 
 
@@ -42,7 +42,8 @@ class Pending:
         base: The index state the keys sit on.
         head: The view's state with them (our last commit).
         runs: Per digest width, sorted runs of digests (``S<width>`` arrays).
-        count: Digests held.
+        count: Digests held of the width that holds the most: keys, as a clip has
+            two digests (its own and its asset-keyed one) and a latent one.
     """
 
     base: State
@@ -61,13 +62,14 @@ class Pending:
             while len(runs) >= 2 and len(runs[-2].head) <= 2 * len(runs[-1].head):
                 newer = runs.pop()
                 runs[-1] = _Run.of(np.concatenate([runs[-1].keys, newer.keys]))
-            self.count += len(group.rows)
+            held = sum(len(r.head) for r in runs)
+            self.count = max(self.count, held)
 
     def known(self, group: Packed) -> NDArray[np.bool_]:
         """Which of ``group``'s digests are held (exact: the whole digest compared)."""
         out = np.zeros(len(group.rows), dtype=np.bool_)
         keys = np.frombuffer(group.data, np.uint8).reshape(-1, group.width)
-        head = _heads(keys)
+        head = heads(keys)
         for run in self.runs.get(group.width, ()):
             out |= run.known(head, keys)
         return out
@@ -90,7 +92,9 @@ class _Run:
 
     @classmethod
     def of(cls, keys: NDArray[np.uint8]) -> _Run:
-        head = _heads(keys)
+        head = heads(keys)
+        if len(head) < 2 or (head[1:] >= head[:-1]).all():  # sorted by the caller
+            return cls(head, keys)
         order = np.argsort(head, kind="stable")
         return cls(head[order], keys[order])
 
@@ -108,11 +112,6 @@ class _Run:
             at[ask] += 1
             ask = ask[at[ask] < len(self.head)]
         return out
-
-
-def _heads(keys: NDArray[np.uint8]) -> NDArray[np.uint64]:
-    """The first eight bytes of each digest as one integer."""
-    return np.ascontiguousarray(keys[:, :8]).view(np.uint64).ravel()
 
 
 class PendingKeys:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from catalog.key_index_rows import Packed
+from catalog.key_index_rows import Packed, heads
 
 __all__ = ["CAPACITY", "RecentKeys", "State"]
 
@@ -48,7 +48,9 @@ class _Run:
     @classmethod
     def of(cls, keys: NDArray[np.uint8]) -> _Run:
         """The run of ``keys`` (one digest a row)."""
-        head = _heads(keys)
+        head = heads(keys)
+        if len(head) < 2 or (head[1:] >= head[:-1]).all():  # sorted by the caller
+            return cls(head, keys)
         order = np.argsort(head, kind="stable")
         return cls(head[order], keys[order])
 
@@ -77,11 +79,6 @@ def _settle(runs: deque[_Run], most: int) -> None:
             return
         runs.pop()
         runs[-1] = older.merged(newer)
-
-
-def _heads(keys: NDArray[np.uint8]) -> NDArray[np.uint64]:
-    """The first eight bytes of each digest as one integer."""
-    return np.ascontiguousarray(keys[:, :8]).view(np.uint64).ravel()
 
 
 class RecentKeys:
@@ -136,7 +133,7 @@ class RecentKeys:
         if not runs or len(out) == 0:
             return out
         keys = np.frombuffer(group.data, dtype=np.uint8).reshape(-1, group.width)
-        head = _heads(keys)
+        head = heads(keys)
         for run in reversed(runs):  # the newest first: the likeliest to hold them
             rest = np.flatnonzero(~out)
             if len(rest) == 0:

@@ -53,7 +53,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from catalog.atomic import fsync_dir
-from catalog.key_index_rows import Packed
+from catalog.key_index_rows import Packed, heads
 
 __all__ = [
     "BLOCK",
@@ -74,9 +74,12 @@ BLOCK = 128
 GAP = 3
 #: Keys per run written at once and per chunk of a merge's inputs.
 CHUNK_KEYS = 1 << 20
-#: Blocks per probe window: a batch is probed window by window, each block read at
-#: most once, into a buffer of at most this many blocks (8-10 MB).
+#: Blocks per probe buffer: a batch is probed in parts, each block read at most once,
+#: into a buffer of at most this many blocks (8-10 MB).
 PROBE_BLOCKS = 4096
+#: Distinct blocks a part's keys may name (each read with up to :data:`GAP` blocks
+#: of others between it and the next).
+_PART_BLOCKS = PROBE_BLOCKS // (GAP + 1)
 #: Size ratio of neighbouring runs (see :func:`merge_plan`).
 FAN = 8
 
@@ -118,12 +121,6 @@ class _Open:
     sums: NDArray[np.uint64]
 
 
-def _heads(keys: NDArray[np.uint8]) -> NDArray[np.uint64]:
-    """The first 8 bytes of each digest (one a row) as a big-endian integer: their
-    order is the digests' byte order."""
-    return np.ascontiguousarray(keys[:, :8]).view(">u8").ravel().astype(np.uint64)
-
-
 def _block_sums(data: NDArray[np.uint8], width: int) -> NDArray[np.uint64]:
     """The checksum of each block of ``data`` (whole digests from a block boundary):
     the wrapping sum of its little-endian words, the last block zero padded."""
@@ -163,7 +160,7 @@ class _Writer:
 
     def _blocks(self, rows: NDArray[np.uint8]) -> None:
         if len(rows):
-            self._fence.append(_heads(rows[::BLOCK]))
+            self._fence.append(heads(rows[::BLOCK]))
             self._sums.append(_block_sums(rows.reshape(-1), self.width))
 
     def finish(self) -> None:
@@ -222,7 +219,7 @@ def _probe(run: _Open, keys: NDArray[np.uint8]) -> NDArray[np.bool_]:
     out = np.zeros(len(keys), np.bool_)
     if run.count == 0 or len(keys) == 0:
         return out
-    head = _heads(keys)
+    head = heads(keys)
     last = len(run.fence) - 1
     lo = np.clip(np.searchsorted(run.fence, head, "left") - 1, 0, last)
     hi = np.searchsorted(run.fence, head, "right") - 1  # -1: below the first key
@@ -230,7 +227,12 @@ def _probe(run: _Open, keys: NDArray[np.uint8]) -> NDArray[np.bool_]:
     if multi.size:
         out[multi] = _probe_part(run, keys[multi], lo[multi], hi[multi])
     single = np.flatnonzero((hi >= 0) & (hi == lo))
-    window = lo[single] // PROBE_BLOCKS  # non-decreasing: the keys are sorted
+    # Parts of at most _PART_BLOCKS distinct blocks (each read with at most GAP
+    # neighbours: at most PROBE_BLOCKS a buffer), so a batch whose keys cluster in a few
+    # blocks is one part however far apart they lie in the run.
+    block = lo[single]  # non-decreasing: the keys are sorted
+    ordinal = np.cumsum(np.r_[True, block[1:] != block[:-1]]) - 1 if block.size else block
+    window = ordinal // _PART_BLOCKS
     for part in np.split(single, np.flatnonzero(np.diff(window)) + 1):
         if part.size:
             out[part] = _probe_part(run, keys[part], lo[part], hi[part])
@@ -477,7 +479,8 @@ class KeyRuns:
         return [r for r in runs if width is None or r.width == width]
 
     def has(self, conn: sqlite3.Connection, view: str, group: Packed) -> NDArray[np.bool_]:
-        """Which of ``group``'s digests ``view`` holds; ``group`` must be sorted.
+        """Which of ``group``'s digests ``view`` holds; ``group`` must be sorted by
+        head (:meth:`~catalog.key_index_rows.Packed.sorted`).
 
         Raises:
             RunDamaged: a run the manifest names is missing or damaged.

@@ -168,5 +168,5 @@ def test_an_index_of_the_old_layout_is_rebuilt(tmp_path: Path) -> None:
         assert (res.inserted, res.duplicates) == (4, 8)
     conn = sqlite3.connect(path)
     names = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    assert "clips" not in names and conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert "clips" not in names and conn.execute("PRAGMA user_version").fetchone()[0] == 3
     conn.close()

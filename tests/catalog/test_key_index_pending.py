@@ -74,10 +74,11 @@ def test_pending_keys_are_written_when_enough_have_gathered(tmp_path: Path) -> N
         with _index_writes(cat._keys) as writes:
             for i in range(6):
                 cat.add_clips([clip(i, k) for k in (1, 2)])
-        # 5 keys, then 6, each with its view state (then a merge of the two runs,
-        # which changes no state); the last 2 pending
-        assert len(writes) == 3
-        assert len(cat._keys._runs.listed(cat._keys._db(), "clips")) == 1
+        # 5 keys, then 6, each with its view state (then a merge of the two runs of
+        # each width, clip ids and asset-keyed digests, which changes no state); the
+        # last 2 pending
+        assert len(writes) == 4
+        assert [r.width for r in cat._keys._runs.listed(cat._keys._db(), "clips")] == [16, 22]
         assert _indexed(config, cat, _clip_ids(cat)).sum() == 11
 
 

@@ -285,3 +285,37 @@ def test_a_view_holds_runs_of_two_widths_apart(tmp_path: Path) -> None:
     assert store.has(short).all()
     assert store.has(long).tolist() == [True] * 150 + [False] * 150
     assert sorted(r.width for r in store.runs.listed(store.conn, "clips")) == [16, 20]
+
+
+def test_keys_clustered_in_far_apart_blocks_are_probed_in_one_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe's parts are bounded by the distinct blocks they read, not by where the
+    blocks lie: an asset-keyed batch (a few blocks spread over the whole run) is one
+    buffer and one search, where windows of the block range made one per window."""
+    monkeypatch.setattr(key_runs, "PROBE_BLOCKS", 16)
+    monkeypatch.setattr(key_runs, "_PART_BLOCKS", 4, raising=False)
+    store = _Store(tmp_path)
+    stored = np.unique(_keys(np.random.default_rng(3), 64 * key_runs.BLOCK).view("S16"))
+    keys = stored.view(np.uint8).reshape(-1, 16)
+    store.add(keys)
+    picks = np.r_[5, 6, 30 * key_runs.BLOCK + 2, 60 * key_runs.BLOCK + 9]
+    absent = keys[picks].copy()
+    absent[:, 15] ^= 1  # neighbours of stored keys, in the same blocks
+    parts: list[int] = []
+    real = key_runs._probe_part
+
+    def counted(run: object, part: np.ndarray, *args: object) -> np.ndarray:
+        parts.append(len(part))
+        return real(run, part, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(key_runs, "_probe_part", counted)
+    probe = np.concatenate([keys[picks], absent])
+    assert store.has(probe).tolist() == [True] * 4 + [
+        bytes(k) in set(stored.tolist()) for k in absent
+    ]
+    assert parts == [8]
+    parts.clear()
+    many = keys[1 :: key_runs.BLOCK // 2]  # two keys in each of 64 blocks, none first
+    assert store.has(many).all()
+    assert len(parts) == 64 // 4 and sum(parts) == len(many)
