@@ -50,7 +50,7 @@ manifests 3 %, batch SHA-256 2 %. At 3M the key index is 65 % and its CPU grows 
 for 3x the rows (every other stage grows linearly): the score batches' reference checks
 search the index's in-memory runs. Since then a score batch's reference check runs
 beside its data file's write, and the clip-id re-derivation beside the planning
-(decision 046).
+(decision 049).
 """
 
 from __future__ import annotations
