@@ -256,7 +256,7 @@ def test_packs_over_a_sixteenth_of_the_budget_keep_per_member_entries(tmp_path: 
     assert _stats(tmp_path / "node")["entries"] == 64
 
 
-def test_proved_members_are_bounded_in_all_not_only_per_pack(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pack_proofs_are_bounded_in_all(monkeypatch: pytest.MonkeyPatch) -> None:
     """A long job touches many packs: the proofs it remembers stay within a member budget
     (the least recent packs are forgotten first), so a process's memory does not grow
     with the packs it has read."""
