@@ -83,8 +83,10 @@ DiskFree = Callable[[Path], int]
 _BUSY_TIMEOUT_S = 60.0
 _POLL_MIN_S, _POLL_MAX_S = 0.001, 0.05
 _FINGERPRINTS_MAX = 100_000
-#: Pack files whose proved members a process remembers (loader.packs).
+#: Pack files whose proved members a process remembers (loader.packs), and the members
+#: all of them may hold together (~150 B each: a 64 MB pack of 16 KB members holds 4k).
 _PACKS_MAX = 4096
+_PACK_MEMBERS_MAX = 1 << 18
 # Errnos that mean "the disk (or the quota) is full", however a fetch reports them.
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -139,17 +141,26 @@ class _Verified:
         #: Pack members proved, per pack file: (pack, its stat fingerprint) -> {offset:
         #: the member SHA-256 its bytes there hashed to} (loader.packs).
         self._members: OrderedDict[tuple[str, tuple[int, ...]], dict[int, str]] = OrderedDict()
+        self._member_count = 0  # members added to the dicts above, so far as told
 
     def members(self, pack: str, fp: tuple[int, ...]) -> dict[int, str]:
         """The members this process proved from pack file ``fp`` of object ``pack``
-        (a live dict: the reader adds what it proves). At most ``_PACKS_MAX`` files."""
+        (a live dict: the reader adds what it proves and says so with :meth:`proved`).
+        At most ``_PACKS_MAX`` files and about ``_PACK_MEMBERS_MAX`` members in all: the
+        least recent files are forgotten first, and their members are hashed again."""
         key = (pack, fp)
         with self._lock:
             got = self._members.get(key)
             if got is None:
                 got = self._members[key] = {}
-                while len(self._members) > _PACKS_MAX:
-                    self._members.popitem(last=False)
+                while len(self._members) > 1 and (
+                    len(self._members) > _PACKS_MAX or self._member_count > _PACK_MEMBERS_MAX
+                ):
+                    _, old = self._members.popitem(last=False)
+                    self._member_count -= len(old)
+                # a reader of a forgotten file may still have added to it: recount then
+                if self._member_count > 2 * _PACK_MEMBERS_MAX or self._member_count < 0:
+                    self._member_count = sum(len(d) for d in self._members.values())
             else:
                 self._members.move_to_end(key)
             return got
@@ -168,10 +179,16 @@ class _Verified:
         with self._lock:
             self._fps.pop(key, None)
 
+    def proved(self) -> None:
+        """A reader added one member to a dict :meth:`members` returned."""
+        with self._lock:
+            self._member_count += 1
+
     def clear(self) -> None:
         with self._lock:
             self._fps.clear()
             self._members.clear()
+            self._member_count = 0
 
     def after_fork(self) -> None:
         self._lock = threading.Lock()  # another thread may have held it at fork()
@@ -761,6 +778,9 @@ class NodeCache:
         except FileNotFoundError:
             return None
         return _fingerprint(st) if st.st_size == size else None
+
+    def _member_proved(self) -> None:
+        self._verified.proved()
 
     def _proved_members(self, pack: str, fp: tuple[int, ...]) -> dict[int, str]:
         """``{offset: member SHA-256}`` of the members this process proved by hashing

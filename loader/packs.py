@@ -133,6 +133,7 @@ class _Reader:
         fp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         #: {offset: member} proved from this file by this process (shared, live).
         self.proved = held._cache._proved_members(pack, fp)
+        self._count = held._cache._member_proved
 
     def rows(self, rows: Sequence[int]) -> tuple[dict[int, object], dict[int, str]]:
         """Each row's result, and the digests of the rows whose member failed its hash."""
@@ -193,6 +194,7 @@ class _Reader:
         if digest != member:
             return digest
         self.proved[off] = member
+        self._count()
         return None
 
     def _whole(self, i: int, off: int, n: int, member: str) -> object:

@@ -254,3 +254,20 @@ def test_packs_over_a_sixteenth_of_the_budget_keep_per_member_entries(tmp_path: 
     small = _ds(snap, tmp_path / "node", cache_budget_bytes=16 * size - 1)
     _same(_batches(small), reference)
     assert _stats(tmp_path / "node")["entries"] == 64
+
+
+def test_pack_proofs_are_bounded_in_all(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long job touches many packs: the proofs it remembers stay within a member budget
+    (the least recent packs are forgotten first), so a process's memory does not grow
+    with the packs it has read."""
+    monkeypatch.setattr(cache_mod, "_PACK_MEMBERS_MAX", 1000)
+    verified = cache_mod._Verified()
+    for p in range(50):
+        got = verified.members(f"{p:064x}", (p,))
+        for off in range(100):
+            got[off] = "m"
+            verified.proved()
+    held = sum(len(d) for d in verified._members.values())
+    assert held <= 1100
+    assert verified.members(f"{49:064x}", (49,))  # the most recent pack is kept
+    assert not verified.members(f"{0:064x}", (0,))  # the oldest was forgotten
