@@ -16,7 +16,9 @@ UPDATE, conditioned on the location the caller loaded. That condition is stricte
 ``commit_table``'s requirements: any commit by another writer since the caller loaded
 the table (not only one that moved the branch) fails this one with
 ``CommitFailedException``, its metadata file is removed, and the caller re-plans.
-Other catalogs (REST) go through ``commit_table``.
+Other catalogs (REST) go through ``commit_table``. The metadata it wrote is kept as
+what that location holds (:mod:`catalog.table_cache`), so the next load of the table
+in this process does not parse it again.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from pyiceberg.table.update import (
 from pyiceberg.utils.datetime import datetime_to_millis
 from sqlalchemy import update
 from sqlalchemy.orm import Session
+
+from catalog import table_cache
 
 __all__ = ["commit"]
 
@@ -73,6 +77,8 @@ def commit(tbl: Table, requirements: tuple[Any, ...], updates: tuple[Any, ...]) 
             tbl.io.delete(location)
         raise
     tbl.metadata, tbl.metadata_location = metadata, location
+    namespace = catalog.namespace_to_string(catalog.namespace_from(tbl.name()))
+    table_cache.remember(catalog, namespace, catalog.table_name_from(tbl.name()), tbl)
 
 
 def _updated(base: TableMetadata, updates: tuple[Any, ...], location: str) -> TableMetadata:

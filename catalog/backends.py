@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pyiceberg.catalog import Catalog
+from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import (
     NamespaceAlreadyExistsError,
     NoSuchNamespaceError,
@@ -26,7 +27,7 @@ from pyiceberg.exceptions import (
 from pyiceberg.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
-from catalog import rules
+from catalog import rules, table_cache
 from catalog.config import CatalogConfig
 from catalog.errors import Conflict, InvalidInput, NotFound, StorageError
 
@@ -54,13 +55,16 @@ _CREATE_RACES: tuple[type[Exception], ...] = (*BACKEND_ERRORS, NamespaceAlreadyE
 
 
 def load_table(iceberg: Catalog, namespace: str, name: str) -> Table:
-    """Table ``name`` of ``namespace``, with fresh metadata.
+    """Table ``name`` of ``namespace``, with fresh metadata (on a SQL catalog, parsed
+    again only when its catalog row moved: :mod:`catalog.table_cache`).
 
     Raises:
         NotFound: The table is missing.
         StorageError: The backend failed.
     """
     try:
+        if isinstance(iceberg, SqlCatalog):
+            return table_cache.load(iceberg, namespace, name)
         return iceberg.load_table((namespace, name))
     except NoSuchTableError as exc:
         raise NotFound(f"table {name!r} is missing from the catalog", table=name) from exc
