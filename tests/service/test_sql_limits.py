@@ -330,7 +330,9 @@ def test_a_full_pool_answers_503_by_the_deadline(world: World) -> None:
         took = time.monotonic() - start
         busy.join()
     assert_error(r, 503, "sql_busy")
-    assert took <= 0.5 + 1.0, took
+    # Its own deadline (0.5 s), not the held job's (5 s): the slack covers a loaded CI
+    # box (1.53 s seen at load ~4) and still fails a query that waits for the worker.
+    assert took <= 0.5 + 2.5, took
 
 
 def _swallow(fn: Any, *args: Any) -> None:
