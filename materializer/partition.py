@@ -41,6 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.scan_plan import ScanPlan, plan_scan, read_plan, split_plan
+from materializer.arrow_memory import release_unused
 from materializer.asset_side import (
     ASSET_TABLES,
     AssetTask,
@@ -290,6 +291,9 @@ def merge(parts: list[Candidates], recipe: Recipe, kept_parts: KeptParts | None)
     else:
         kept = pa.concat_tables([p.kept for p in parts], promote_options="permissive")
         kept = kept.sort_by([("rung", "ascending"), ("clip_id", "ascending")])
+    for part in parts:
+        part.kept = kept.schema.empty_table()  # the partitions' copies, merged now
+    release_unused()  # the concatenation before the sort, freed
     return Candidates(
         kept=kept,
         drops=drops,

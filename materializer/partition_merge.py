@@ -48,6 +48,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from manifests.ipc import ipc_writer, read_table, write_table
+from materializer.arrow_memory import release_unused
 
 if TYPE_CHECKING:
     from materializer.recipe import Recipe
@@ -270,6 +271,7 @@ def _scatter_pass(
                 writers[j].write_table(table.slice(lo, hi - lo))
             del table
             Path(path).unlink()  # read once: the scratch holds one copy of the rows
+            release_unused()  # else each partition's gathered rows stay resident
     return paths
 
 
@@ -322,6 +324,8 @@ def _write_pass(
                 stack.callback(parquet.close)
             parquet.write_table(rows_of_manifest, row_group_size=options["row_group_size"])
             first += m
+            del table, samples, rows_of_index, rows_of_manifest
+            release_unused()  # one chunk's wide rows resident at a time, not every one's
 
 
 def compact_batches(table: pa.Table, rows: int) -> Iterator[pa.RecordBatch]:
