@@ -120,7 +120,7 @@ def write_artifacts(
     partition, position and bucket), so the driver does not hold every kept row twice.
     """
     selected, parts = selection.samples, selection.parts
-    selection.samples = selected.slice(0, 0)
+    selection.samples = selected.schema.empty_table()  # a slice would keep the buffers
     n = selected.num_rows
     order = pa.array(scatter_order(n, recipe.seed))
     report("plan", 0.0)

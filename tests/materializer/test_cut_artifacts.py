@@ -155,11 +155,13 @@ def test_the_sorted_samples_are_dropped_once_scattered(
     left (one process; partitioned, where the streaming keeps three narrow columns)."""
     catalog, _ = lake
     sorted_refs: list[weakref.ref[pa.Table]] = []
+    selections: list[Selection] = []
     real_select = cut.select
 
     def selected(*args: Any, **kwargs: Any) -> Selection:
         selection = real_select(*args, **kwargs)
         sorted_refs.append(weakref.ref(selection.samples))
+        selections.append(selection)
         return selection
 
     alive: list[bool] = []
@@ -167,13 +169,15 @@ def test_the_sorted_samples_are_dropped_once_scattered(
 
     def quality(*args: Any, **kwargs: Any) -> Any:
         gc.collect()
+        # Neither the table nor a view of its buffers (an empty slice keeps them all).
         alive.append(sorted_refs[0]() is not None)
+        alive.append(selections[0].samples.get_total_buffer_size() > 1024)
         return real_quality(*args, **kwargs)
 
     monkeypatch.setattr(cut, "select", selected)
     monkeypatch.setattr(artifacts, "cut_quality", quality)
     execution = None if partitions is None else Execution(LocalExecutor(1), partitions)
     paths, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "cut"), execution=execution)
-    assert alive == [False]
+    assert alive == [False, False]
     one, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
     assert _digests(paths) == _digests(one)
