@@ -38,6 +38,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -174,8 +175,29 @@ def merge_order(parts: list[pa.Table]) -> pa.Table:
         for p, t in enumerate(parts)
     ]
     merged = pa.concat_tables(tagged, promote_options="permissive")
+    if _in_partition_order(tagged):
+        # One rung (or rungs that do not interleave across partitions): the
+        # concatenation is the order, so it stays as it came, one chunk a partition,
+        # instead of a gathered copy of every kept row (~95 B each) beside the parts.
+        return merged
     keys = [("rung", "ascending"), (PART, "ascending"), (POS, "ascending")]
     return merged.take(pc.sort_indices(merged.select(["rung", PART, POS]), sort_keys=keys))
+
+
+def _in_partition_order(parts: list[pa.Table]) -> bool:
+    """Whether partition order is ``(rung, _part, _pos)`` order already: each part
+    is sorted, so it is when no part's last rung is above the next part's first
+    (string order is UTF-8 byte order in both Python and Arrow). A null rung
+    (sorted last by Arrow) is left to the sort."""
+    ends: list[tuple[str, str]] = []
+    for t in parts:
+        if t.num_rows == 0:
+            continue
+        rung = t["rung"]
+        if rung.null_count or not pa.types.is_string(rung.type):
+            return False
+        ends.append((rung[0].as_py(), rung[-1].as_py()))
+    return all(a[1] <= b[0] for a, b in pairwise(ends))
 
 
 @dataclass
