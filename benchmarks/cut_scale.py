@@ -20,6 +20,7 @@ The plain cut holds the whole join in one process (about 4 KB per clip): above
 partitioned configurations there.
 
 Prints one JSON line: per size and configuration the wall time, the driver's peak RSS
+(its own ``VmHWM``: ``ru_maxrss`` would start at this process's peak, the catalog build)
 and (pool) the largest worker's peak RSS, the kept samples, the driver's peak of Arrow
 allocations and, per stage, its Arrow bytes and RSS as the stage ends (MB); then
 ``rss_growth`` (pool worker peak RSS at the largest size / at the smallest: flat when

@@ -27,7 +27,9 @@ and ``index.arrow`` by an external shuffle in two passes:
 The one-process cut writes the whole table at once in row groups and (compacted,
 :func:`compact_batches`) index batches of the same size, so the bytes are equal. The
 driver holds the driver columns, ``order`` and its inverse (8 B a row each), one
-partition and one chunk: never every kept row's wide columns.
+partition and one chunk: never every kept row's wide columns. After each partition and
+each chunk it gives the freed Arrow memory back (:mod:`materializer.arrow_memory`), so
+the next one does not add to what the allocator keeps.
 """
 
 from __future__ import annotations
