@@ -32,8 +32,8 @@ import pyarrow.parquet as pq
 from catalog.errors import InvalidRecipe
 from manifests.format import INDEX_SCHEMA, LINEAGE_NAME, QUALITY_NAME
 from manifests.ipc import write_table
-from materializer.arrow_memory import release_unused
 from materializer.executors import Executor, LocalExecutor
+from materializer.memory import release_unused
 from materializer.partition_merge import (
     CHUNK_ROWS,
     PART,

@@ -41,7 +41,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.scan_plan import ScanPlan, plan_scan, read_plan, split_plan
-from materializer.arrow_memory import release_unused
 from materializer.asset_side import (
     ASSET_TABLES,
     AssetTask,
@@ -62,6 +61,7 @@ from materializer.coverage import (
     merge_coverage,
 )
 from materializer.executors import Executor
+from materializer.memory import release_unused
 from materializer.partition_merge import (
     KeptParts,
     driver_columns,

@@ -28,7 +28,7 @@ The one-process cut writes the whole table at once in row groups and (compacted,
 :func:`compact_batches`) index batches of the same size, so the bytes are equal. The
 driver holds the driver columns, ``order`` and its inverse (8 B a row each), one
 partition and one chunk: never every kept row's wide columns. After each partition and
-each chunk it gives the freed Arrow memory back (:mod:`materializer.arrow_memory`), so
+each chunk it gives the freed Arrow memory back (:mod:`materializer.memory`), so
 the next one does not add to what the allocator keeps.
 """
 
@@ -51,7 +51,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from manifests.ipc import ipc_writer, read_table, write_table
-from materializer.arrow_memory import release_unused
+from materializer.memory import release_unused
 
 if TYPE_CHECKING:
     from materializer.recipe import Recipe

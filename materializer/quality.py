@@ -58,7 +58,7 @@ from catalog.atomic import write_bytes
 from catalog.errors import InvalidInput
 from manifests.format import QUALITY_NAME
 from manifests.ipc import iter_batches
-from materializer.arrow_memory import release_unused
+from materializer.memory import release_unused
 
 if TYPE_CHECKING:
     from materializer.recipe import Recipe
