@@ -61,6 +61,7 @@ from materializer.coverage import (
     merge_coverage,
 )
 from materializer.executors import Executor
+from materializer.memory import release_unused
 from materializer.partition_merge import (
     KeptParts,
     driver_columns,
@@ -290,6 +291,9 @@ def merge(parts: list[Candidates], recipe: Recipe, kept_parts: KeptParts | None)
     else:
         kept = pa.concat_tables([p.kept for p in parts], promote_options="permissive")
         kept = kept.sort_by([("rung", "ascending"), ("clip_id", "ascending")])
+    for part in parts:
+        part.kept = kept.schema.empty_table()  # the partitions' copies, merged now
+    release_unused()  # the concatenation before the sort, freed
     return Candidates(
         kept=kept,
         drops=drops,
