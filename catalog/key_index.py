@@ -544,11 +544,11 @@ class KeyStore:
                 known = self._recent.known(view, group)
                 if (pending := self._pending.get(view)) is not None and not known.all():
                     miss = np.flatnonzero(~known)
-                    known[miss] = pending.known(group.take(miss))
+                    known[miss] = pending.known(_unknown(group, known, miss))
                 out[group.rows[known]] = True
                 if known.all():
                     continue
-                rest = group.take(np.flatnonzero(~known))
+                rest = _unknown(group, known, np.flatnonzero(~known))
                 if in_runs:
                     out[rest.rows] = self._runs.has(conn, view, rest)
                     continue
@@ -646,6 +646,13 @@ class KeyStore:
             frontier = sorted(more)
         ids = sorted(known)
         return ids, [known[a] for a in ids], sorted(edges)
+
+
+def _unknown(group: Packed, known: NDArray[np.bool_], miss: NDArray[np.int64]) -> Packed:
+    """The keys of ``group`` at ``miss`` (where ``known`` is False): ``group`` itself
+    when no key is known, as for a batch of new clips, whose duplicate check would
+    otherwise copy its 100k digests twice (~5 ms each)."""
+    return group if len(miss) == len(known) else group.take(miss)
 
 
 def _damaged(exc: sqlite3.DatabaseError) -> bool:
