@@ -12,9 +12,7 @@ hex text). The comparison is exact (rational arithmetic on the tie case).
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
-import threading
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -99,69 +97,25 @@ def clip_ids(
         _as_strings(split_versions),
         _large(":"),
     )
-    texts = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    texts = (texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts).cast(
+        pa.large_binary()  # the UTF-8 bytes, as Python ``bytes`` below
+    )
     n = len(texts)
     if n == 0:
         return pa.array([], pa.large_string())
     if texts.null_count:
         row = int(pc.index(pc.is_null(texts), True).as_py())
         raise ValueError(f"clip_ids: row {row} has a null input (a clip's fields are required)")
-    if n >= _BATCH_HASH_ROWS and (hashed := _batch_sha256_prefixes(texts)) is not None:
-        return hashed
-    return _python_sha256_prefixes(texts.cast(pa.large_binary()))
-
-
-def _python_sha256_prefixes(texts: pa.Array) -> pa.Array:
-    """The first 32 hex digits of each text's SHA-256, one ``hashlib`` call a row.
-
-    The one per-row Python step: raw digests joined into one buffer, then hex in numpy
-    (no per-row str objects, no list-to-Arrow conversion). Arrow makes each chunk's
-    ``bytes`` in C++ (8 % less CPU than slicing a memoryview per row); in chunks, so
-    that a large batch never holds every text as an object at once."""
-    n = len(texts)
+    # The one per-row Python step: raw digests joined into one buffer, then hex in
+    # numpy (no per-row str objects, no list-to-Arrow conversion). Arrow makes each
+    # chunk's ``bytes`` in C++ (8 % less CPU than slicing a memoryview per row); in
+    # chunks, so that a large batch never holds every text as an object at once.
     sha = hashlib.sha256
     parts: list[bytes] = []
     for start in range(0, n, _HASH_CHUNK):
         parts += [sha(m).digest() for m in texts.slice(start, _HASH_CHUNK).to_pylist()]
     digests = b"".join(parts)
     return _hex_prefix_strings(np.frombuffer(digests, dtype=np.uint8).reshape(n, 32)[:, :16])
-
-
-#: Rows from which :func:`clip_ids` hashes in DuckDB: below, its ~1 ms fixed cost is
-#: more than ``hashlib``'s ~0.5 µs a row.
-_BATCH_HASH_ROWS = 4096
-#: Per thread: (pid, DuckDB connection) of :func:`_batch_sha256_prefixes`.
-_DUCK = threading.local()
-
-
-def _batch_sha256_prefixes(texts: pa.Array) -> pa.Array | None:
-    """:func:`_python_sha256_prefixes` in one DuckDB statement (``sha256`` of each
-    text's UTF-8 bytes, the standard SHA-256), or None without DuckDB.
-
-    Why: ``hashlib`` holds the GIL for a short text, so an ingest's ~1 µs a clip of
-    re-derivation (decision 056) ran against every other Python step of the batch; a
-    DuckDB statement runs with the GIL released. One connection per thread and
-    process (a connection is not safe to share or to carry across ``fork``), one
-    DuckDB thread (the caller's other threads have the other cores), no file or
-    network access."""
-    try:
-        import duckdb
-    except ImportError:
-        return None
-    held = getattr(_DUCK, "held", None)
-    if held is None or held[0] != os.getpid():
-        con = duckdb.connect(
-            config={
-                "threads": 1,
-                "enable_external_access": False,
-                "autoinstall_known_extensions": False,
-                "autoload_known_extensions": False,
-            }
-        )
-        held = _DUCK.held = (os.getpid(), con)
-    rel = held[1].from_arrow(pa.table({"t": texts.cast(pa.large_string())}))
-    out = rel.project("substr(sha256(t), 1, 32) AS h").to_arrow_table()["h"]
-    return out.combine_chunks().cast(pa.large_string())
 
 
 #: Texts turned into Python ``bytes`` at a time by :func:`clip_ids`.
