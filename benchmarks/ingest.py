@@ -60,8 +60,10 @@ re-derivation 87, the key index's ``advance`` 60, the data file 41, the duplicat
 manifests 4.5, the commit 2.7). The data files cost what Parquet's own writes cost (33.6
 vs 30.6 ms CPU a clip batch, 23.0 vs 23.9 a score batch): the gap is the checks, and two
 thirds of the catalog's time is the clip batches, at ~8x their Parquet write. Since then
-the clip ids hash in DuckDB with the GIL released (decision 056) and a keyed batch's
-sorted index digests are made beside its data file's write (``KeyStore.prepare``).
+a keyed batch's sorted index digests are made beside its data file's write
+(``KeyStore.prepare``, decision 056), and a duplicate check of new clips no longer copies
+their digests. Hashing the clip ids in DuckDB (partly off the GIL, 10 % less CPU) was
+tried a third time and dropped: its heavy-lock pair gave the slowest catalog.
 """
 
 from __future__ import annotations
