@@ -63,7 +63,7 @@ thirds of the catalog's time is the clip batches, at ~8x their Parquet write. Si
 a keyed batch's sorted index digests are made beside its data file's write
 (``KeyStore.prepare``, decision 056), and a duplicate check of new clips no longer copies
 their digests. Hashing the clip ids in DuckDB (partly off the GIL, 10 % less CPU) was
-tried a third time and dropped: its heavy-lock pair gave the slowest catalog.
+tried a third time and dropped: its heavy-lock runs were slower than base.
 """
 
 from __future__ import annotations
