@@ -51,6 +51,19 @@ for 3x the rows (every other stage grows linearly): the score batches' reference
 search the index's in-memory runs. Since then a score batch's reference check runs
 beside its data file's write, and the clip-id re-derivation beside the planning
 (decision 049).
+
+Round 6 (thread CPU of the wrapped functions, split by table, 1M clips, load ~7): a clip
+batch costs ~270 ms of CPU against ~41 ms for Parquet's write of the same rows (clip-id
+re-derivation 87, the key index's ``advance`` 60, the data file 41, the duplicate check
+29, the assets' splits 15, batch SHA-256 13, coercion 11); a score batch ~88 ms against
+~38 (the data file 38, its reference check 26 beside it, coercion 6, batch SHA-256 6,
+manifests 4.5, the commit 2.7). The data files cost what Parquet's own writes cost (33.6
+vs 30.6 ms CPU a clip batch, 23.0 vs 23.9 a score batch): the gap is the checks, and two
+thirds of the catalog's time is the clip batches, at ~8x their Parquet write. Since then
+a keyed batch's sorted index digests are made beside its data file's write
+(``KeyStore.prepare``, decision 056), and a duplicate check of new clips no longer copies
+their digests. Hashing the clip ids in DuckDB (partly off the GIL, 10 % less CPU) was
+tried a third time and dropped: its heavy-lock runs were slower than base.
 """
 
 from __future__ import annotations
@@ -60,6 +73,7 @@ import contextlib
 import datetime as dt
 import functools
 import hashlib
+import inspect
 import json
 import os
 import sys
@@ -132,7 +146,7 @@ def _score_batch(clip_id: pa.Array, filt: str, rng: np.random.Generator) -> pa.T
 
 #: ``--stages``: the catalog's functions whose thread CPU is summed, per stage.
 _STAGES: dict[str, list[tuple[Any, str]]] = {
-    "key_index": [(KeyStore, n) for n in ("has", "advance", "splits", "close")],
+    "key_index": [(KeyStore, n) for n in ("has", "prepare", "advance", "splits", "close")],
     "clip_ids": [(rules, "clip_ids")],
     "data_files": [(_append, "_write_data_file")],
     "manifests": [(_append, "_snapshot")],
@@ -152,11 +166,18 @@ def _stage_cpu(on: bool) -> Iterator[dict[str, float]]:
     spent: dict[str, float] = {}
     if on:
         spent = {k: 0.0 for stage in _STAGES for k in (stage, f"{stage}_wall")}
-    real = [(owner, name, getattr(owner, name)) for v in _STAGES.values() for owner, name in v]
+    # As stored (a staticmethod stays one), to be put back as it was.
+    real = [
+        (owner, name, inspect.getattr_static(owner, name))
+        for v in _STAGES.values()
+        for owner, name in v
+    ]
     if on:
         for stage, targets in _STAGES.items():
             for owner, name in targets:
-                setattr(owner, name, _timed(getattr(owner, name), stage, spent))
+                timed = _timed(getattr(owner, name), stage, spent)
+                static = isinstance(inspect.getattr_static(owner, name), staticmethod)
+                setattr(owner, name, staticmethod(timed) if static else timed)
     try:
         yield spent
     finally:

@@ -30,7 +30,7 @@ from catalog.coerce import coerce_batch, conform, fill_time
 from catalog.config import IngestResult
 from catalog.errors import Conflict, NotFound, StorageError
 from catalog.ingest import Plan, Planner
-from catalog.key_index import VIEWS, KeyStore
+from catalog.key_index import KEYED_TABLES, VIEWS, KeyStore, Prepared
 from catalog.keycache import snapshot_id
 from catalog.tables import TABLES
 
@@ -142,15 +142,26 @@ class Ingester:
         events = todo.events if todo.events is not None and todo.events.num_rows else None
         if events is not None:
             props[idempotency.PROP_EVENTS] = str(events.num_rows)
+        prepared: Prepared = {}
+        alongside = todo.verify
+        if name in KEYED_TABLES:
+
+            def alongside() -> None:
+                # The key index's sorted digests of the rows, while their file is
+                # written, not after the commit; then the plan's own check, if any.
+                prepared.update(self._index.prepare(name, rows))
+                if todo.verify is not None:
+                    todo.verify()
+
         try:
-            fast_append(tbl, rows, props, alongside=todo.verify)
+            fast_append(tbl, rows, props, alongside=alongside)
         except CommitFailedException:
             return None  # re-check against the winner's state
         except BACKEND_ERRORS as exc:
             raise StorageError(f"appending to {name} failed: {exc}", table=name) from exc
         snap = tbl.current_snapshot()
         assert snap is not None  # we just appended
-        self._index.advance(name, base, snap.parent_snapshot_id, snap.snapshot_id, rows)
+        self._index.advance(name, base, snap.parent_snapshot_id, snap.snapshot_id, rows, prepared)
         if events is not None:
             self.append_links(events, snap.snapshot_id)
         return IngestResult(

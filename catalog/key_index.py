@@ -65,7 +65,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -96,7 +96,7 @@ from catalog.key_runs import CHUNK_KEYS, KeyRuns, RunDamaged
 from catalog.key_runs import SCHEMA as RUNS_SCHEMA
 from catalog.keycache import snapshot_id
 
-__all__ = ["VIEWS", "KeyStore", "Matches", "View", "index_path"]
+__all__ = ["KEYED_TABLES", "VIEWS", "KeyStore", "Matches", "Prepared", "View", "index_path"]
 
 #: The views :meth:`KeyStore.has` looks keys up in (each a table of the same name).
 _KEYED = frozenset({"assets", "clips", "latents"})
@@ -130,6 +130,11 @@ def _eq(column: str, value: Any) -> BooleanExpression:
     return expr
 
 
+#: :meth:`KeyStore.prepare`'s answer: per keyed view, the sorted digests of the rows
+#: (their own, and the clips' asset-keyed ones).
+Prepared: TypeAlias = dict[str, tuple[list[Packed], list[Packed]]]
+
+
 @dataclass(frozen=True)
 class View:
     """A table's keys as the index keeps them: the columns read and the rows kept."""
@@ -155,6 +160,10 @@ VIEWS: dict[str, View] = {
         _eq("event", "near_duplicate"),
     ),
 }
+
+
+#: The tables with a view :meth:`KeyStore.has` looks keys up in.
+KEYED_TABLES = frozenset(VIEWS[view].table for view in _KEYED)
 
 
 @dataclass(frozen=True)
@@ -436,29 +445,54 @@ class KeyStore:
         _set_meta(conn, view, wanted)
         return wanted
 
+    @staticmethod
+    def prepare(table: str, rows: pa.Table) -> Prepared:
+        """The sorted digests :meth:`advance` adds for ``rows`` of ``table``, per keyed
+        view. Pure and state-free, so ingest computes them while the rows' data file
+        is written (numpy's sorts release the GIL) rather than after the commit."""
+        return {
+            view: _sorted_groups(view, rows)
+            for view, spec in VIEWS.items()
+            if spec.table == table and view in _KEYED
+        }
+
     def advance(
-        self, table: str, base: int | None, parent: int | None, new: int, rows: pa.Table
+        self,
+        table: str,
+        base: int | None,
+        parent: int | None,
+        new: int,
+        rows: pa.Table,
+        prepared: Prepared | None = None,
     ) -> None:
         """After our own commit ``new`` of ``rows`` onto ``base``: add them to the
         views of ``table`` that are at ``base`` (others catch up at their next sync;
-        a damaged file is rebuilt)."""
+        a damaged file is rebuilt). ``prepared``: :meth:`prepare` of the same rows."""
         if base != parent:
             return
-        self._guarded(lambda: self._advance(table, base, new, rows))
+        self._guarded(lambda: self._advance(table, base, new, rows, prepared or {}))
 
-    def _advance(self, table: str, base: int | None, new: int, rows: pa.Table) -> None:
+    def _advance(
+        self, table: str, base: int | None, new: int, rows: pa.Table, prepared: Prepared
+    ) -> None:
         with self._lock:
             for view, spec in VIEWS.items():
                 if spec.table == table:
-                    self._advance_view(view, spec, base, new, rows)
+                    self._advance_view(view, spec, base, new, rows, prepared.get(view))
 
     def _advance_view(
-        self, view: str, spec: View, base: int | None, new: int, rows: pa.Table
+        self,
+        view: str,
+        spec: View,
+        base: int | None,
+        new: int,
+        rows: pa.Table,
+        prepared: tuple[list[Packed], list[Packed]] | None,
     ) -> None:
         own: list[Packed] | None = None
         groups: list[Packed] = []
-        if view in _KEYED:  # sorted once here, not by each holder of the keys
-            own, by_asset = ([g.sorted() for g in part] for part in view_groups(view, rows))
+        if view in _KEYED:  # sorted once, not by each holder of the keys
+            own, by_asset = prepared if prepared is not None else _sorted_groups(view, rows)
             groups = own + by_asset
         if own is not None and view in _DEFERRED and self._defer(view, base, new, groups, own):
             return
@@ -544,11 +578,11 @@ class KeyStore:
                 known = self._recent.known(view, group)
                 if (pending := self._pending.get(view)) is not None and not known.all():
                     miss = np.flatnonzero(~known)
-                    known[miss] = pending.known(group.take(miss))
+                    known[miss] = pending.known(_unknown(group, known, miss))
                 out[group.rows[known]] = True
                 if known.all():
                     continue
-                rest = group.take(np.flatnonzero(~known))
+                rest = _unknown(group, known, np.flatnonzero(~known))
                 if in_runs:
                     out[rest.rows] = self._runs.has(conn, view, rest)
                     continue
@@ -646,6 +680,19 @@ class KeyStore:
             frontier = sorted(more)
         ids = sorted(known)
         return ids, [known[a] for a in ids], sorted(edges)
+
+
+def _sorted_groups(view: str, rows: pa.Table) -> tuple[list[Packed], list[Packed]]:
+    """:func:`~catalog.key_index_rows.view_groups` of ``rows``, each group sorted."""
+    own, by_asset = view_groups(view, rows)
+    return [g.sorted() for g in own], [g.sorted() for g in by_asset]
+
+
+def _unknown(group: Packed, known: NDArray[np.bool_], miss: NDArray[np.int64]) -> Packed:
+    """The keys of ``group`` at ``miss`` (where ``known`` is False): ``group`` itself
+    when no key is known, as for a batch of new clips, whose duplicate check would
+    otherwise copy its 100k digests twice (~5 ms each)."""
+    return group if len(miss) == len(known) else group.take(miss)
 
 
 def _damaged(exc: sqlite3.DatabaseError) -> bool:

@@ -12,10 +12,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from catalog import ingest, rules
+from catalog import _append, ingest, key_index, rules
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
 from catalog.errors import InvalidBatch, StorageError
+from catalog.key_index import KeyStore, Prepared
 from tests.catalog.test_append import _assets, _clips
 
 
@@ -88,3 +89,40 @@ def test_a_planning_failure_waits_for_the_check_and_a_wrong_id_comes_first(
     for thread in [t for t in threading.enumerate() if t.name == "vidlake-clip-ids"]:
         thread.join(timeout=5)
         assert not thread.is_alive()
+
+
+def test_the_key_digests_are_sorted_while_the_data_file_is_written(
+    cat: VidlakeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The key index's sorted digests of a clip batch (KeyStore.prepare) are made beside
+    # the Parquet write, not after the commit, and the commit's advance uses them.
+    assets = _assets(5)["asset_id"].to_pylist()
+    cat.add_assets(_assets(5))
+    prepared = threading.Event()
+    real_prepare, real_write = KeyStore.prepare, _append._write_data_file
+    sorted_after: list[str] = []  # each time a batch's digests are sorted
+
+    def prepare(table: str, rows: pa.Table) -> Prepared:
+        out = real_prepare(table, rows)
+        prepared.set()
+        return out
+
+    def write(*args: Any) -> Any:
+        # The file is still being written until the digests are ready.
+        assert prepared.wait(timeout=5), "the digests were not prepared during the write"
+        return real_write(*args)
+
+    def groups(*args: Any) -> Any:
+        sorted_after.append("sorted")
+        return real_groups(*args)
+
+    real_groups = key_index._sorted_groups
+    monkeypatch.setattr(KeyStore, "prepare", staticmethod(prepare))
+    monkeypatch.setattr(_append, "_write_data_file", write)
+    batch = _clips(assets, 20)
+    assert cat.add_clips(batch).inserted == 20
+    monkeypatch.setattr(key_index, "_sorted_groups", groups)
+    assert cat.add_clips(_clips(assets, 20, start=20)).inserted == 20
+    assert sorted_after == ["sorted"], "the digests were sorted twice (advance did it again)"
+    # The index answers as before: every committed clip is a duplicate now.
+    assert cat.add_clips(_clips(assets, 40)).duplicates == 40

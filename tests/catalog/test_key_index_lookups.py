@@ -20,7 +20,7 @@ from catalog.errors import InvalidBatch
 from catalog.key_index import KeyStore
 from catalog.key_index_recent import RecentKeys
 from catalog.key_index_rows import Packed, digests, packed_digests
-from tests.catalog._key_index_child import ingest
+from tests.catalog._key_index_child import clip, ingest
 
 
 @contextmanager
@@ -79,6 +79,30 @@ def test_a_score_batch_for_clips_just_added_makes_no_index_probe(tmp_path: Path)
         assert [s for s in seen if "FROM clips" in s] == []
         with pytest.raises(InvalidBatch, match="unknown clip"):
             cat.add_scores(_scores([ids[0], "ab" * 16]))
+
+
+def test_a_duplicate_check_of_new_clips_copies_no_digests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of new clips is unknown to memory and to the held keys alike: its
+    digests go on to the run files as they are, not copied twice (~5 ms a copy per
+    100k clips); a batch some of whose keys are known still sends only the rest."""
+    config = CatalogConfig.embedded(tmp_path / "lake")
+    with VidlakeCatalog.open(config) as cat:
+        ingest(cat, 0, 6, 3)
+        taken: list[int] = []
+        real = Packed.take
+
+        def take(self: Packed, picks: np.ndarray) -> Packed:
+            taken.append(len(picks))
+            return real(self, picks)
+
+        monkeypatch.setattr(Packed, "take", take)
+        ingest(cat, 6, 12, 6)  # new clips, with keys of ours held in memory
+        assert taken == []
+        # One clip already held, one new: only the new one goes on to the run files.
+        assert cat.add_clips([clip(6, 0), clip(6, 5)]).duplicates == 1
+        assert taken == [1]
 
 
 def test_keys_removed_by_another_process_are_not_answered_from_memory(tmp_path: Path) -> None:
