@@ -61,6 +61,7 @@ from materializer.coverage import (
     merge_coverage,
 )
 from materializer.executors import Executor
+from materializer.key_order import rung_clip_order
 from materializer.partition_merge import (
     KeptParts,
     driver_columns,
@@ -189,6 +190,9 @@ def _kept_sorted(table: pa.Table, keep: pa.ChunkedArray) -> pa.Table:
     then a sort copied the wide rows twice)."""
     at = pc.indices_nonzero(keep)
     keys = table.select(["rung", "clip_id"]).take(at)
+    fast = rung_clip_order(keys["rung"], keys["clip_id"])  # integer keys: ~10x faster
+    if fast is not None:
+        return table.take(pc.take(at, pa.array(fast)))
     order = pc.sort_indices(keys, sort_keys=[("rung", "ascending"), ("clip_id", "ascending")])
     return table.take(pc.take(at, order))
 
