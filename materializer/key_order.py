@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 
 from materializer.partition_merge import packed_ids
 
-__all__ = ["rung_clip_order"]
+__all__ = ["distinct_hex_ids", "rung_clip_order"]
 
 #: Bytes of the packed id that form the integer key.
 _KEY_BYTES = 8
@@ -69,3 +69,32 @@ def _rung_ranks(rung: pa.ChunkedArray | pa.Array) -> NDArray[np.int64] | None:
     codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
     ranks: NDArray[np.int64] = rank_of[codes]
     return ranks
+
+
+def distinct_hex_ids(column: pa.ChunkedArray | pa.Array) -> int | None:
+    """The distinct ids of a column of lowercase hex ids (or their packed bytes), by a
+    radix sort of their leading 8 bytes: rows that tie there are compared whole.
+    None where that cannot decide (not such ids, nulls, or two different ids that
+    share their leading bytes: the caller then hashes the column)."""
+    if pa.types.is_fixed_size_binary(column.type):
+        ids = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        if ids.null_count:
+            return None
+    else:
+        chunked = pa.chunked_array([column]) if isinstance(column, pa.Array) else column
+        ids = packed_ids(chunked)
+    n = len(ids)
+    if not pa.types.is_fixed_size_binary(ids.type) or ids.type.byte_width < _KEY_BYTES:
+        return None
+    if n < 2:
+        return n
+    width = ids.type.byte_width
+    start = ids.offset * width
+    raw = np.frombuffer(ids.buffers()[1], dtype=np.uint8, count=n * width, offset=start)
+    rows = raw.reshape(n, width)
+    key = np.ascontiguousarray(rows[:, :_KEY_BYTES]).view(">u8").ravel().astype(np.uint64)
+    order = np.argsort(key, kind="stable")
+    tied = np.flatnonzero(key[order][1:] == key[order][:-1])
+    if tied.size and not bool((rows[order[tied + 1]] == rows[order[tied]]).all()):
+        return None  # two different ids share their leading bytes
+    return n - int(tied.size)
