@@ -61,6 +61,7 @@ from materializer.coverage import (
     merge_coverage,
 )
 from materializer.executors import Executor
+from materializer.gather import take_wide
 from materializer.key_order import rung_clip_order
 from materializer.partition_merge import (
     KeptParts,
@@ -192,9 +193,9 @@ def _kept_sorted(table: pa.Table, keep: pa.ChunkedArray) -> pa.Table:
     keys = table.select(["rung", "clip_id"]).take(at)
     fast = rung_clip_order(keys["rung"], keys["clip_id"])  # integer keys: ~10x faster
     if fast is not None:
-        return table.take(pc.take(at, pa.array(fast)))
+        return take_wide(table, pc.take(at, pa.array(fast)))
     order = pc.sort_indices(keys, sort_keys=[("rung", "ascending"), ("clip_id", "ascending")])
-    return table.take(pc.take(at, order))
+    return take_wide(table, pc.take(at, order))
 
 
 @dataclass(frozen=True)

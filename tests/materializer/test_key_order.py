@@ -110,3 +110,28 @@ def test_distinct_hex_ids_equal_count_distinct_or_decline() -> None:
     assert distinct_hex_ids(pa.array([one, one[:-1] + ("0" if one[-1] != "0" else "1")])) is None
     assert distinct_hex_ids(pa.array(["ABCDEF0123456789", "abcdef0123456789"])) is None
     assert distinct_hex_ids(pa.array([one, None])) is None
+
+
+def test_take_wide_equals_take_with_repeated_names_and_chunks() -> None:
+    """The two-thread gather gives ``Table.take``'s table: every column in place,
+    the schema (metadata, a repeated name) kept, on chunked input."""
+    from materializer.gather import take_wide
+
+    rng = np.random.default_rng(4)
+    n = 70_000
+    table = pa.Table.from_batches(
+        pa.table(
+            {
+                "a": np.arange(n),
+                "s": pa.array([str(i) for i in range(n)]),
+                "l": pa.array([[str(i)] * (i % 3) for i in range(n)]),
+                "f": rng.random(n),
+            }
+        ).to_batches(max_chunksize=9000)
+    )
+    table = table.append_column("a", pa.array(np.arange(n) * 2))
+    table = table.replace_schema_metadata({b"k": b"v"})
+    idx = pa.array(rng.permutation(n)[: n - 3])
+    got = take_wide(table, idx)
+    assert got.equals(table.take(idx))
+    assert got.schema.metadata == {b"k": b"v"}
