@@ -70,7 +70,6 @@ from materializer.cut_artifacts import (
     write_artifacts,
     write_named_plan,
 )
-from materializer.key_order import distinct_hex_ids
 from materializer.partition_merge import distinct_clips
 from materializer.plan import PlanSummary, scatter_order
 from materializer.quality import quality_summary
@@ -357,7 +356,7 @@ def snapshot_doc(
             "candidates": selection.candidates,
             "samples": samples.num_rows,
             "clips": _distinct_clips(selection.samples, samples),
-            "assets": _distinct_assets(samples["asset_id"]),
+            "assets": int(pc.count_distinct(samples["asset_id"]).as_py()),
             "samples_per_stream": {
                 n: int(c) for n, c in zip(stream_names, stream_counts, strict=True)
             },
@@ -389,13 +388,6 @@ def _distinct_clips(selected: pa.Table, samples: pa.Table) -> int:
             if not pc.any(pc.less(tail, head)).as_py():
                 return 1 + int(pc.sum(pc.cast(pc.not_equal(tail, head), pa.int64())).as_py())
     return distinct_clips(samples)
-
-
-def _distinct_assets(asset_id: pa.ChunkedArray) -> int:
-    """The distinct asset ids: sorted as integers where they are hex (a hash of 600k
-    ids cost ~0.2 s of the 1M-clip cut), else hashed."""
-    found = distinct_hex_ids(asset_id)
-    return int(pc.count_distinct(asset_id).as_py()) if found is None else found
 
 
 def _shares(samples: Any, tokens: Any, unit: str) -> list[tuple[Any, float]]:

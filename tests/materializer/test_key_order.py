@@ -93,25 +93,6 @@ def test_distinct_clips_of_sorted_unsorted_and_multi_rung_samples() -> None:
     assert _distinct_clips(single, single) == 1
 
 
-def test_distinct_hex_ids_equal_count_distinct_or_decline() -> None:
-    """Repeated hex ids (text, packed, chunked, sliced) count as Arrow's
-    ``count_distinct``; ids sharing their leading bytes but not equal decline."""
-    from materializer.key_order import distinct_hex_ids
-    from materializer.partition_merge import packed_ids
-
-    rng = np.random.default_rng(2)
-    ids = pa.chunked_array([pa.array(_ids(rng.integers(0, 300, 2000).tolist()))])
-    want = pc.count_distinct(ids).as_py()
-    assert distinct_hex_ids(ids) == want
-    assert distinct_hex_ids(packed_ids(ids)) == want
-    assert distinct_hex_ids(ids.slice(500)) == pc.count_distinct(ids.slice(500)).as_py()
-    assert distinct_hex_ids(pa.chunked_array([ids.chunk(0)[:7], ids.chunk(0)[7:]])) == want
-    one = _ids([1])[0]
-    assert distinct_hex_ids(pa.array([one, one[:-1] + ("0" if one[-1] != "0" else "1")])) is None
-    assert distinct_hex_ids(pa.array(["ABCDEF0123456789", "abcdef0123456789"])) is None
-    assert distinct_hex_ids(pa.array([one, None])) is None
-
-
 def test_take_wide_equals_take_with_repeated_names_and_chunks() -> None:
     """The two-thread gather gives ``Table.take``'s table: every column in place,
     the schema (metadata, a repeated name) kept, on chunked input."""
