@@ -59,9 +59,8 @@ def hex_prefix_key(column: pa.ChunkedArray | pa.Array) -> NDArray[np.uint64] | N
         return None
     wide = pa.types.is_large_string(ids.type)
     n = len(ids)
-    offsets = np.frombuffer(
-        ids.buffers()[1], dtype=np.int64 if wide else np.int32, count=n + 1, offset=0
-    )[ids.offset : ids.offset + n + 1]
+    raw = np.frombuffer(ids.buffers()[1], dtype=np.int64 if wide else np.int32)
+    offsets: NDArray[np.int64] = raw[ids.offset : ids.offset + n + 1].astype(np.int64)
     if int(np.diff(offsets).min(initial=_DIGITS)) < _DIGITS:
         return None
     data = np.frombuffer(ids.buffers()[2], dtype=np.uint8)

@@ -116,3 +116,17 @@ def test_take_wide_equals_take_with_repeated_names_and_chunks() -> None:
     got = take_wide(table, idx)
     assert got.equals(table.take(idx))
     assert got.schema.metadata == {b"k": b"v"}
+
+
+def test_sliced_and_large_string_ids_key_as_their_text() -> None:
+    """A sliced id column (its offsets start past zero) and a large_string one key
+    the rows they hold."""
+    from materializer.key_order import hex_prefix_key
+
+    ids = pa.array(_ids(list(range(50))))
+    want = [int(i[:16], 16) for i in ids.to_pylist()[7:]]
+    for column in (ids.slice(7), pa.chunked_array([ids.slice(7, 10), ids.slice(17)])):
+        key = hex_prefix_key(column)
+        assert key is not None and key.tolist() == want
+    large = hex_prefix_key(ids.cast(pa.large_string()).slice(7))
+    assert large is not None and large.tolist() == want
