@@ -34,8 +34,14 @@ def write_manifest_file(
     written: list[str],
     entries: Iterable[ManifestEntry],
 ) -> ManifestFile:
-    """Write ``entries`` as manifest ``name`` of ``tbl`` (its path appended to
-    ``written``, so a failed commit can remove it)."""
+    """Write ``entries`` as manifest ``name`` of ``tbl``, each with the status,
+    snapshot id and sequence numbers it carries (its path appended to ``written``, so
+    a failed commit can remove it).
+
+    ``add_entry``, not pyiceberg's ``add``: ``add`` rewrites every entry as ADDED by
+    ``snapshot_id``, which would list the files a replace commit merely kept as added
+    by it.
+    """
     meta = tbl.metadata
     path = tbl.location_provider().new_metadata_location(name)
     written.append(path)
@@ -48,7 +54,7 @@ def write_manifest_file(
         avro_compression=codec,  # type: ignore[arg-type]
     ) as writer:
         for entry in entries:
-            writer.add(entry)
+            writer.add_entry(entry)
     return writer.to_manifest_file()
 
 

@@ -209,9 +209,8 @@ def build_artifacts(
         if selection.samples.num_rows == 0:
             raise nothing_selected(recipe, selection)
         check_pools(recipe, selection.samples)
-        written = write_artifacts(
-            recipe, selection.samples, out, report, plan_workers(execution), selection.parts
-        )
+        # It takes the selection's samples: the sorted rows go once they are scattered.
+        written = write_artifacts(recipe, selection, out, report, plan_workers(execution))
     finally:
         selection.close()  # a partitioned selection's kept-sample files
     samples, summary, quality = written.samples, written.summary, written.quality

@@ -33,8 +33,11 @@ from catalog.errors import InvalidRecipe
 from manifests.format import INDEX_SCHEMA, LINEAGE_NAME, QUALITY_NAME
 from manifests.ipc import write_table
 from materializer.executors import Executor, LocalExecutor
+from materializer.memory import release_unused
 from materializer.partition_merge import (
     CHUNK_ROWS,
+    PART,
+    POS,
     KeptParts,
     compact_batches,
     row_columns,
@@ -44,7 +47,7 @@ from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write
 from materializer.plan.lineage import write_lineage
 from materializer.quality import cut_quality
 from materializer.recipe import Recipe
-from materializer.select import Execution, phase_mask
+from materializer.select import Execution, Selection, phase_mask
 
 __all__ = [
     "PARALLEL_PLAN_ROWS",
@@ -93,11 +96,10 @@ def plan_workers(execution: Execution | None) -> tuple[Executor | None, int]:
 
 def write_artifacts(
     recipe: Recipe,
-    selected: pa.Table,
+    selection: Selection,
     out: Path,
     report: Progress,
     plan_on: tuple[Executor | None, int],
-    parts: KeptParts | None = None,
 ) -> Written:
     """The ``scatter``, ``plan``, ``index``, ``manifest``, ``quality`` and ``lineage``
     stages; the samples in manifest order with the rest.
@@ -108,15 +110,24 @@ def write_artifacts(
     numpy and Arrow work that releases the GIL, so on two cores the stages overlap.
     Progress is reported from this thread only.
 
-    With ``parts`` (a partitioned selection's kept-sample files), ``selected`` holds
-    only the driver columns, and the index and manifest are streamed from the files on
-    this thread (:func:`~materializer.partition_merge.stream_artifacts`): the same bytes.
+    With ``selection.parts`` (a partitioned selection's kept-sample files), its samples
+    hold only the driver columns, and the index and manifest are streamed from the files
+    on this thread (:func:`~materializer.partition_merge.stream_artifacts`): the same
+    bytes.
+
+    The selection's samples are taken (``selection.samples`` is left empty): once
+    scattered, the sorted rows are dropped, but for what the streaming reads (the
+    partition, position and bucket), so the driver does not hold every kept row twice.
     """
-    order = pa.array(scatter_order(selected.num_rows, recipe.seed))
+    selected, parts = selection.samples, selection.parts
+    selection.samples = selected.schema.empty_table()  # a slice would keep the buffers
+    n = selected.num_rows
+    order = pa.array(scatter_order(n, recipe.seed))
     report("plan", 0.0)
     plan_path, lineage_path = out / "plan.arrow", out / LINEAGE_NAME
     few = selected.select([c for c in _PLAN_COLUMNS if c in selected.column_names])
     specs = phase_specs(recipe, with_rows(few.take(order)))
+    del few  # it shares the sorted rows' buffers
     executor, workers = plan_on
     if sum(_max_plan_rows(recipe)) < PARALLEL_PLAN_ROWS:
         executor, workers = None, 1
@@ -124,16 +135,24 @@ def write_artifacts(
     def lineage() -> None:
         spill = out / "lineage-spill"
         rows = planned.result().plan_rows
-        write_lineage(lineage_path, plan_path, selected.num_rows, rows, spill)
+        write_lineage(lineage_path, plan_path, n, rows, spill)
         spill.rmdir()
+        release_unused()
+
+    def plan() -> PlanSummary:
+        summary = write_named_plan(plan_path, recipe, specs, executor, workers)
+        release_unused()  # the plan's step chunks, freed on this thread
+        return summary
 
     index_path, manifest_path = out / "index.arrow", out / "manifest.parquet"
     queued: list[Future[None]] = []
     with ThreadPoolExecutor(1, thread_name_prefix="vidlake-plan") as side:
-        planned = side.submit(write_named_plan, plan_path, recipe, specs, executor, workers)
+        planned = side.submit(plan)
         try:
             report("scatter", 0.0)
             samples = with_rows(row_columns(selected, parts).take(order))
+            selected = selected.select(list(_STREAM_COLUMNS) if parts is not None else [])
+            release_unused()  # the sorted rows, the merge's and the plan inputs' temporaries
             report("scatter", 1.0)
             if parts is None:
                 # Queued behind the plan, then lineage: the two threads' shares even out.
@@ -174,6 +193,8 @@ def write_artifacts(
     return Written(samples, paths, summary, quality)
 
 
+#: What the streamed index and manifest read of the sorted samples, once scattered.
+_STREAM_COLUMNS = ("bucket", PART, POS)
 #: The sample view's columns that the plan's pools and phase masks read.
 _PLAN_COLUMNS = ["rung", "tier", "stream", "bucket", "tokens"]
 

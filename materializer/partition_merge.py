@@ -27,7 +27,9 @@ and ``index.arrow`` by an external shuffle in two passes:
 The one-process cut writes the whole table at once in row groups and (compacted,
 :func:`compact_batches`) index batches of the same size, so the bytes are equal. The
 driver holds the driver columns, ``order`` and its inverse (8 B a row each), one
-partition and one chunk: never every kept row's wide columns.
+partition and one chunk: never every kept row's wide columns. After each partition and
+each chunk it gives the freed Arrow memory back (:mod:`materializer.memory`), so
+the next one does not add to what the allocator keeps.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +51,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from manifests.ipc import ipc_writer, read_table, write_table
+from materializer.memory import release_unused
 
 if TYPE_CHECKING:
     from materializer.recipe import Recipe
@@ -173,8 +177,29 @@ def merge_order(parts: list[pa.Table]) -> pa.Table:
         for p, t in enumerate(parts)
     ]
     merged = pa.concat_tables(tagged, promote_options="permissive")
+    if _in_partition_order(tagged):
+        # One rung (or rungs that do not interleave across partitions): the
+        # concatenation is the order, so it stays as it came, one chunk a partition,
+        # instead of a gathered copy of every kept row (~95 B each) beside the parts.
+        return merged
     keys = [("rung", "ascending"), (PART, "ascending"), (POS, "ascending")]
     return merged.take(pc.sort_indices(merged.select(["rung", PART, POS]), sort_keys=keys))
+
+
+def _in_partition_order(parts: list[pa.Table]) -> bool:
+    """Whether partition order is ``(rung, _part, _pos)`` order already: each part
+    is sorted, so it is when no part's last rung is above the next part's first
+    (string order is UTF-8 byte order in both Python and Arrow). A null rung
+    (sorted last by Arrow) is left to the sort."""
+    ends: list[tuple[str, str]] = []
+    for t in parts:
+        if t.num_rows == 0:
+            continue
+        rung = t["rung"]
+        if rung.null_count or not pa.types.is_string(rung.type):
+            return False
+        ends.append((rung[0].as_py(), rung[-1].as_py()))
+    return all(a[1] <= b[0] for a, b in pairwise(ends))
 
 
 @dataclass
@@ -270,6 +295,7 @@ def _scatter_pass(
                 writers[j].write_table(table.slice(lo, hi - lo))
             del table
             Path(path).unlink()  # read once: the scratch holds one copy of the rows
+            release_unused()  # else each partition's gathered rows stay resident
     return paths
 
 
@@ -322,6 +348,8 @@ def _write_pass(
                 stack.callback(parquet.close)
             parquet.write_table(rows_of_manifest, row_group_size=options["row_group_size"])
             first += m
+            del table, samples, rows_of_index, rows_of_manifest
+            release_unused()  # one chunk's wide rows resident at a time, not every one's
 
 
 def compact_batches(table: pa.Table, rows: int) -> Iterator[pa.RecordBatch]:

@@ -158,3 +158,28 @@ def test_expiry_keeps_the_events_commit_of_every_planned_assets_snapshot(
     reopened = VidlakeCatalog.open(lake.config)  # a fresh process's view of the keys
     reopened.add_asset_events([{"asset_id": asset, "event": "released", "reason": "test"}])
     assert reopened.scan("asset_events", include_eval=True).num_rows == events_before + 2
+
+
+def test_compaction_carries_kept_files_as_existing_with_their_own_snapshots(
+    lake: VidlakeCatalog,
+) -> None:
+    """A replace commit lists the files it kept as EXISTING under the snapshot that added
+    them (Iceberg's rule): only its own rewritten files are ADDED by it, so incremental
+    readers and the manifests' added-file counts see what it really added."""
+    from pyiceberg.manifest import ManifestEntryStatus
+
+    tbl = lake.iceberg_table("clips")  # one big data file: kept, not rewritten
+    added_by = {
+        e.data_file.file_path: e.snapshot_id
+        for m in tbl.current_snapshot().manifests(io=tbl.io)  # type: ignore[union-attr]
+        for e in m.fetch_manifest_entry(tbl.io, discard_deleted=True)
+    }
+    report = compact_table(tbl, sort_by=("clip_id",), target_bytes=1, max_manifests=0)
+    sid = report["snapshot_id"]
+    assert isinstance(sid, int)
+    tbl = lake.iceberg_table("clips")
+    manifests = tbl.current_snapshot().manifests(io=tbl.io)  # type: ignore[union-attr]
+    entries = [e for m in manifests for e in m.fetch_manifest_entry(tbl.io)]
+    assert entries and {e.status for e in entries} == {ManifestEntryStatus.EXISTING}
+    assert {e.data_file.file_path: e.snapshot_id for e in entries} == added_by
+    assert sum(m.added_files_count or 0 for m in manifests) == 0

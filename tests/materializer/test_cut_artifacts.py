@@ -4,19 +4,24 @@ bytes."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import threading
 import time
+import weakref
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from catalog.catalog import VidlakeCatalog
+from materializer import cut
 from materializer import cut_artifacts as artifacts
 from materializer.cut import build_artifacts
 from materializer.executors import LocalExecutor
 from materializer.recipe import Recipe
-from materializer.select import Execution
+from materializer.select import Execution, Selection
 from tests.materializer.test_cut import DATA_ARTIFACTS, lake, recipe
 
 __all__ = ["lake", "recipe"]  # fixtures
@@ -135,3 +140,44 @@ def test_the_plan_does_not_wait_for_the_scatter_of_every_column(
     late, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "late"))
     assert len(calls) == 2
     assert _digests(late) == _digests(one)
+
+
+@pytest.mark.parametrize("partitions", [None, 3])
+def test_the_sorted_samples_are_dropped_once_scattered(
+    lake: tuple[VidlakeCatalog, Path],
+    recipe: Recipe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    partitions: int | None,
+) -> None:
+    """The driver does not hold every kept row twice: by the quality stage (after the
+    manifest) the selection's sorted samples are gone, only the scattered copy is
+    left (one process; partitioned, where the streaming keeps three narrow columns)."""
+    catalog, _ = lake
+    sorted_refs: list[weakref.ref[pa.Table]] = []
+    selections: list[Selection] = []
+    real_select = cut.select
+
+    def selected(*args: Any, **kwargs: Any) -> Selection:
+        selection = real_select(*args, **kwargs)
+        sorted_refs.append(weakref.ref(selection.samples))
+        selections.append(selection)
+        return selection
+
+    alive: list[bool] = []
+    real_quality = artifacts.cut_quality
+
+    def quality(*args: Any, **kwargs: Any) -> Any:
+        gc.collect()
+        # Neither the table nor a view of its buffers (an empty slice keeps them all).
+        alive.append(sorted_refs[0]() is not None)
+        alive.append(selections[0].samples.get_total_buffer_size() > 1024)
+        return real_quality(*args, **kwargs)
+
+    monkeypatch.setattr(cut, "select", selected)
+    monkeypatch.setattr(artifacts, "cut_quality", quality)
+    execution = None if partitions is None else Execution(LocalExecutor(1), partitions)
+    paths, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "cut"), execution=execution)
+    assert alive == [False, False]
+    one, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
+    assert _digests(paths) == _digests(one)

@@ -125,3 +125,32 @@ def test_packed_ids_are_the_bytes_the_hex_spells_and_others_stay_as_they_are() -
     for odd in (["abc", "abcd"], ["xyz0"], [ids[0], None]):
         kept = pa.chunked_array([pa.array(odd, pa.string())])
         assert pm.packed_ids(kept) is kept
+
+
+def test_parts_of_one_rung_merge_without_a_copy_and_interleaved_rungs_are_sorted() -> None:
+    """Partitions hold ascending ``clip_id`` ranges: with one rung their concatenation
+    is the order, so the merge keeps the parts' buffers (a gathered copy doubled the
+    driver's peak at the join); rungs that interleave across parts are sorted."""
+    rng = np.random.default_rng(3)
+
+    def part(rungs: list[str], lo: int) -> pa.Table:
+        table = pa.table(
+            {
+                "rung": pa.array(sorted(rungs), pa.string()),
+                "tokens": pa.array(rng.integers(1, 100, len(rungs))),
+                "_pos": pa.array(np.arange(len(rungs), dtype=np.int64) + lo),
+            }
+        )
+        return table
+
+    one = [part(["256p"] * 5, 0), part([], 0), part(["256p"] * 4, 0)]
+    merged = pm.merge_order(one)
+    expect = np.concatenate([t["tokens"].to_numpy() for t in one])
+    assert np.array_equal(merged["tokens"].to_numpy(), expect)
+    first = one[0]["tokens"].chunk(0).buffers()[1]
+    assert merged["tokens"].chunk(0).buffers()[1].address == first.address  # not copied
+    mixed = [part(["256p", "512p", "512p"], 0), part(["256p", "512p"], 0)]
+    merged = pm.merge_order(mixed)
+    assert merged["rung"].to_pylist() == ["256p", "256p", "512p", "512p", "512p"]
+    assert merged[pm.PART].to_pylist() == [0, 1, 0, 0, 1]
+    assert merged["_pos"].to_pylist() == [0, 0, 1, 2, 1]
