@@ -78,19 +78,19 @@ def test_kept_rows_with_hex_ids_equal_a_filter_then_a_stable_sort() -> None:
 
 
 def test_distinct_clips_of_sorted_unsorted_and_multi_rung_samples() -> None:
-    """The snapshot's clip count: neighbours compared where the selection's ids never
-    decrease, every id hashed otherwise (two rungs, or rows out of order)."""
-    from materializer.cut import _distinct_clips
+    """The snapshot's clip count by neighbours where the selection's ids never
+    decrease (repeats counted once); None where it cannot tell (two rungs, rows out
+    of order, one row), which the caller hashes."""
+    from materializer.cut import sorted_distinct_clips
 
     ids = sorted(_ids([1, 1, 2, 3, 3, 3, 4]))
     one = pa.table({"rung": ["256p"] * len(ids), "clip_id": ids})
-    assert _distinct_clips(one, one) == 4
+    assert sorted_distinct_clips(one) == 4
     two = pa.table({"rung": ["256p"] * 3 + ["512p"] * 3, "clip_id": ids[:3] + ids[:3]})
-    assert _distinct_clips(two, two) == len(set(ids[:3]))
-    shuffled = one.take(pa.array([6, 0, 5, 1, 4, 2, 3]))
-    assert _distinct_clips(shuffled, shuffled) == 4
-    single = one.slice(0, 1)
-    assert _distinct_clips(single, single) == 1
+    assert sorted_distinct_clips(two) is None
+    assert sorted_distinct_clips(one.take(pa.array([6, 0, 5, 1, 4, 2, 3]))) is None
+    assert sorted_distinct_clips(one.slice(0, 1)) is None
+    assert sorted_distinct_clips(one.select(["rung"])) is None
 
 
 def test_take_wide_equals_take_with_repeated_names_and_chunks() -> None:
