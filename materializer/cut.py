@@ -93,6 +93,7 @@ __all__ = [
     "record_repeats",
     "resolve_pin",
     "snapshot_doc",
+    "sorted_distinct_clips",
 ]
 
 Progress = Callable[[str, float], None]
@@ -209,12 +210,13 @@ def build_artifacts(
         if selection.samples.num_rows == 0:
             raise nothing_selected(recipe, selection)
         check_pools(recipe, selection.samples)
+        clips = sorted_distinct_clips(selection.samples)  # before write_artifacts takes them
         # It takes the selection's samples: the sorted rows go once they are scattered.
         written = write_artifacts(recipe, selection, out, report, plan_workers(execution))
     finally:
         selection.close()  # a partitioned selection's kept-sample files
     samples, summary, quality = written.samples, written.summary, written.quality
-    snapshot = snapshot_doc(recipe, pin, selection, samples, summary)
+    snapshot = snapshot_doc(recipe, pin, selection, samples, summary, clips=clips)
     snapshot.update(embedding_facts(recipe, pin, selection))
     record_repeats(snapshot, summary)
     snapshot["quality"] = quality_summary(quality)
@@ -310,7 +312,12 @@ def snapshot_doc(
     selection: Selection,
     samples: pa.Table,
     summary: PlanSummary,
+    *,
+    clips: int | None = None,
 ) -> dict[str, Any]:
+    """snapshot.json of a cut, less what the registry and the later stages fill;
+    ``clips``, when given, is the distinct clips already counted
+    (:func:`sorted_distinct_clips`), else they are counted here."""
     keys = recipe.buckets.bucket_keys()
     plan = summary.to_dict()
     stream_names = selection.stream_names
@@ -354,7 +361,7 @@ def snapshot_doc(
         "counts": {
             "candidates": selection.candidates,
             "samples": samples.num_rows,
-            "clips": distinct_clips(samples),
+            "clips": distinct_clips(samples) if clips is None else clips,
             "assets": int(pc.count_distinct(samples["asset_id"]).as_py()),
             "samples_per_stream": {
                 n: int(c) for n, c in zip(stream_names, stream_counts, strict=True)
@@ -373,6 +380,22 @@ def snapshot_doc(
         # What loading the recipe changed (normalised weights), only when anything did.
         **({"notes": notes} if (notes := recipe_notes(recipe)) else {}),
     }
+
+
+def sorted_distinct_clips(selected: pa.Table) -> int | None:
+    """The distinct clips of selection's samples, which come sorted by ``(rung,
+    clip_id)``: where the ``clip_id`` column never decreases (one rung, as most cuts),
+    equal ids are adjacent and a comparison of neighbours counts them (a hash of 600k
+    ids cost ~0.25 s of the 1M-clip cut); else None (the caller hashes the ids)."""
+    if "clip_id" not in selected.column_names or selected.num_rows < 2:
+        return None
+    ids = selected["clip_id"]
+    if ids.null_count:
+        return None
+    head, tail = ids.slice(0, len(ids) - 1), ids.slice(1)
+    if pc.any(pc.less(tail, head)).as_py():
+        return None
+    return 1 + int(pc.sum(pc.cast(pc.not_equal(tail, head), pa.int64())).as_py())
 
 
 def _shares(samples: Any, tokens: Any, unit: str) -> list[tuple[Any, float]]:

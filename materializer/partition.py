@@ -61,6 +61,8 @@ from materializer.coverage import (
     merge_coverage,
 )
 from materializer.executors import Executor
+from materializer.gather import take_wide
+from materializer.key_order import rung_clip_order
 from materializer.memory import release_unused
 from materializer.partition_merge import (
     KeptParts,
@@ -190,8 +192,11 @@ def _kept_sorted(table: pa.Table, keep: pa.ChunkedArray) -> pa.Table:
     then a sort copied the wide rows twice)."""
     at = pc.indices_nonzero(keep)
     keys = table.select(["rung", "clip_id"]).take(at)
+    fast = rung_clip_order(keys["rung"], keys["clip_id"])  # integer keys (decision 057)
+    if fast is not None:
+        return take_wide(table, pc.take(at, pa.array(fast)))
     order = pc.sort_indices(keys, sort_keys=[("rung", "ascending"), ("clip_id", "ascending")])
-    return table.take(pc.take(at, order))
+    return take_wide(table, pc.take(at, order))
 
 
 @dataclass(frozen=True)

@@ -238,9 +238,7 @@ def _grouped(
     """``{key: sorted distinct values}`` over a pinned table: an Arrow hash group-by
     per record batch (memory bounded by a batch), then one over the small results."""
     reader = catalog.scan_batches(table, pin, columns=[key, value], include_eval=True)
-    parts = [
-        pa.Table.from_batches([batch]).group_by([key, value]).aggregate([]) for batch in reader
-    ]
+    parts = [_batch_pairs(pa.Table.from_batches([batch]), key, value) for batch in reader]
     rows: dict[str, set[str]] = {}
     if parts:
         pairs = pa.concat_tables(parts).group_by([key, value]).aggregate([])
@@ -248,6 +246,19 @@ def _grouped(
             if k is not None and v is not None:
                 rows.setdefault(str(k), set()).add(str(v))
     return {k: tuple(sorted(rows[k])) for k in sorted(rows)}
+
+
+def _batch_pairs(batch: pa.Table, key: str, value: str) -> pa.Table:
+    """The distinct ``(key, value)`` pairs of one batch. A batch is most often one
+    ingest job's rows of one filter, caption version or tokenizer: then two min/max
+    scans prove the single pair (an Arrow group-by per batch cost ~4 ms, ~0.55 s of
+    the 1M-clip cut's ``pin`` stage over 120 batches); else the hash group-by."""
+    if batch.num_rows and not batch[key].null_count and not batch[value].null_count:
+        low_k, high_k = pc.min_max(batch[key]).values()
+        low_v, high_v = pc.min_max(batch[value]).values()
+        if low_k == high_k and low_v == high_v:
+            return batch.slice(0, 1).select([key, value])
+    return batch.group_by([key, value]).aggregate([])
 
 
 def _check_snapshots(

@@ -285,3 +285,23 @@ def test_decontamination_uses_the_catalogs_eval_split_not_the_embedding_tables(
     assert snap["decontamination"]["coverage"] == 1.0
     assert snap["drops"]["eval_near_duplicate"] == reference["drops"]["eval_near_duplicate"] > 0
     assert summary.eval_bleed_clip[0]
+
+
+def test_batch_pairs_equal_the_group_by_of_single_mixed_and_null_batches() -> None:
+    """A batch of one (key, value) pair skips the hash group-by; every batch's pairs,
+    concatenated and grouped as ``_grouped`` does, equal the group-by's."""
+    from materializer.validate import _batch_pairs
+
+    batches = [
+        pa.table({"k": ["aesthetic"] * 5, "v": ["1"] * 5}),
+        pa.table({"k": ["aesthetic", "motion", "aesthetic"], "v": ["1", "1", "2"]}),
+        pa.table({"k": ["ocr", None], "v": ["1", "1"]}),
+        pa.table({"k": ["ocr", "ocr"], "v": [None, None]}),
+        pa.table({"k": pa.array([], pa.string()), "v": pa.array([], pa.string())}),
+    ]
+    assert _batch_pairs(batches[0], "k", "v").to_pylist() == [{"k": "aesthetic", "v": "1"}]
+    for batch in batches:
+        got = _batch_pairs(batch, "k", "v")
+        want = batch.group_by(["k", "v"]).aggregate([])
+        assert got.schema == want.schema
+        assert sorted(map(str, got.to_pylist())) == sorted(map(str, want.to_pylist()))
