@@ -16,12 +16,11 @@ import mmap
 import os
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
 import numpy as np
-import pyarrow as pa
 import torch
 from numpy.typing import NDArray
 
@@ -298,7 +297,7 @@ class Step:
         self,
         info: StepInfo,
         rows: NDArray[np.int64],
-        table: pa.Table,
+        table: Mapping[str, Sequence[Any]],
         captions: list[str | None],
         buffer: BatchBuffer,
         latents: Sequence[Pending],
@@ -311,6 +310,8 @@ class Step:
         #: Rows dropped as corrupt (loader.corrupt): recorded ones, then read ones.
         self.corrupt = corrupt
         self.rows = rows
+        #: The step's index columns, one value a row (``clip_id`` and
+        #: ``object_sha256`` at least).
         self.table = table
         self.captions = captions
         self.buffer = buffer
@@ -328,7 +329,7 @@ class Step:
         for i, tensors in misfits:
             if tensors is not None and not isinstance(tensors, Corrupt):
                 found = {k: (t.dtype, tuple(t.shape)) for k, t in tensors.items()}
-                clip, obj = (self.table.column(c)[i].as_py() for c in ("clip_id", "object_sha256"))
+                clip, obj = (self.table[c][i] for c in ("clip_id", "object_sha256"))
                 raise IntegrityError(
                     f"step {self.info.step}: clip {clip} (row {int(self.rows[i])}, object "
                     f"{obj}) has tensors {found}, the rest of its bucket {self.buffer.layout}",
@@ -342,7 +343,7 @@ class Step:
             if key in RESERVED_KEYS:
                 raise IntegrityError(f"tensor key {key!r} collides with a reserved batch key")
             batch[key] = tensor
-        batch["clip_ids"] = self.table.column("clip_id").to_pylist()
+        batch["clip_ids"] = list(self.table["clip_id"])
         batch["rows"] = torch.from_numpy(self.rows.copy())
         batch["step"] = self.info.step
         batch["phase"] = self.info.phase

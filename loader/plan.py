@@ -49,6 +49,7 @@ from catalog.errors import IntegrityError, InvalidInput
 from catalog.hashing import sha256_bytes
 from loader.gather import gather
 from loader.mapped import MappedFile, int_view, list_views
+from loader.rowlists import Gathered, RowLists
 from loader.snapshot import (
     LOADER_ARTIFACTS,
     effective_snapshot,
@@ -121,6 +122,8 @@ class PlanReader:
         self.index_path = index_path
         self._plan_file: MappedFile | None = None
         self._index_file: MappedFile | None = None
+        #: RowLists per column selection (loader.rowlists); they pin the index mapping.
+        self._row_lists: dict[tuple[str, ...], RowLists] = {}
         self._allowed: list[int] | None = None
         self._open()
 
@@ -163,6 +166,7 @@ class PlanReader:
             if f is not None:
                 f.close()
         self._plan_file = self._index_file = None
+        self._row_lists = {}
 
     def __enter__(self) -> PlanReader:
         return self
@@ -173,6 +177,7 @@ class PlanReader:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_plan_file"] = state["_index_file"] = None
+        state["_row_lists"] = {}
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -274,17 +279,8 @@ class PlanReader:
         Raises:
             InvalidInput: an unknown column or a row outside the index.
         """
+        keys, names = self._checked(rows, columns)
         index = self._index
-        keys = np.asarray(rows, dtype=np.int64)
-        names = ["row", *[c for c in (columns or INDEX_SCHEMA.names) if c != "row"]]
-        unknown = set(names) - set(INDEX_SCHEMA.names)
-        if unknown:
-            raise InvalidInput(f"unknown index columns {sorted(unknown)}", columns=sorted(unknown))
-        if len(keys) and (keys.min() < 0 or keys.max() >= index.length):
-            index.build_offsets()  # the equal-batches estimate of the length may be short
-            if keys.min() < 0 or keys.max() >= index.length:
-                bad = int(keys[(keys < 0) | (keys >= index.length)][0])
-                raise InvalidInput(f"row {bad} is outside 0..{index.length - 1}", row=bad)
         schema = pa.schema([INDEX_SCHEMA.field(n) for n in names])
         for _ in range(2):
             table = gather(index, keys, names, schema)
@@ -296,6 +292,50 @@ class PlanReader:
         raise IntegrityError(
             f"index.arrow at {index.path}: rows are misplaced", path=str(index.path)
         )
+
+    def index_rows(self, rows: NDArray[np.int64] | list[int], columns: list[str]) -> Gathered:
+        """The index records of ``rows`` (columns ``columns``), in the order given, read
+        straight from the mapped buffers when asked for: ``list(name)`` is what
+        :meth:`index_columns` then ``to_pylist`` give (:mod:`loader.rowlists`: one
+        vectorised gather a column, whatever the number of record batches the rows
+        are in).
+
+        Raises:
+            InvalidInput: an unknown column or a row outside the index.
+            IntegrityError: rows not where the index says, buffers outside the file.
+        """
+        keys, names = self._checked(rows, columns)
+        index = self._index
+        lists = self._row_lists.get(tuple(names))
+        if lists is None:
+            lists = self._row_lists[tuple(names)] = RowLists(index, names)
+        for _ in range(2):
+            got = lists.gather(keys)
+            if np.array_equal(got.row, keys):
+                return got
+            if index._offsets is not None:
+                break
+            index.build_offsets()
+        raise IntegrityError(
+            f"index.arrow at {index.path}: rows are misplaced", path=str(index.path)
+        )
+
+    def _checked(
+        self, rows: NDArray[np.int64] | list[int], columns: list[str] | None
+    ) -> tuple[NDArray[np.int64], list[str]]:
+        """``rows`` as keys, and the column names asked (``row`` first), both checked."""
+        index = self._index
+        keys = np.asarray(rows, dtype=np.int64)
+        names = ["row", *[c for c in (columns or INDEX_SCHEMA.names) if c != "row"]]
+        unknown = set(names) - set(INDEX_SCHEMA.names)
+        if unknown:
+            raise InvalidInput(f"unknown index columns {sorted(unknown)}", columns=sorted(unknown))
+        if len(keys) and (keys.min() < 0 or keys.max() >= index.length):
+            index.build_offsets()  # the equal-batches estimate of the length may be short
+            if keys.min() < 0 or keys.max() >= index.length:
+                bad = int(keys[(keys < 0) | (keys >= index.length)][0])
+                raise InvalidInput(f"row {bad} is outside 0..{index.length - 1}", row=bad)
+        return keys, names
 
 
 def _gcd_path(plan_path: Path) -> Path:

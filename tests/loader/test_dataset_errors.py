@@ -53,7 +53,7 @@ def test_a_latent_that_does_not_fit_its_bucket_names_its_clip() -> None:
     fits.set_result(None)
     misfit: Future[dict[str, torch.Tensor] | None] = Future()
     misfit.set_result({"latent": torch.zeros(2, 4, 3, 3)})
-    table = pa.table({"clip_id": ["clip-a", "clip-b"], "object_sha256": ["aa" * 32, "bb" * 32]})
+    table = {"clip_id": ["clip-a", "clip-b"], "object_sha256": ["aa" * 32, "bb" * 32]}
     step = Step(info, np.array([10, 11]), table, [None, None], buffer, [fits, misfit], [None, None])
     with pytest.raises(IntegrityError) as exc:
         step.assemble()
