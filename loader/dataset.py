@@ -54,9 +54,9 @@ from loader.batch import (
     BatchBuffer,
     BufferPool,
     Outcome,
-    PartResult,
-    PartTask,
+    PartOut,
     Step,
+    StepParts,
     outcome,
     shared_pool,
 )
@@ -441,15 +441,13 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         n = len(rows)
         buffer = BatchBuffer(n, buffers)
         embed_shas: list[str | None] = cols["text_embedding_sha256"]
-        # One task per part of the step (one per thread), each row's outcome a slot of it.
-        latents: list[PartResult] = []
-        embeds: list[PartResult | None] = []
-        for part in _parts(n, self.prefetch_threads):
-            task = PartTask(executor.submit(self._load_part, cache, cols, buffer, embed_shas, part))
-            for j, i in enumerate(part):
-                latents.append(PartResult(task, j, 0))
-                embeds.append(PartResult(task, j, 1) if embed_shas[i] else None)
-        return Step(info, rows, cols, cols["captions"], buffer, latents, embeds, erased, known)
+        # One task per part of the step (one per thread), its rows' results in lists.
+        tasks = [
+            executor.submit(self._load_part, cache, cols, buffer, embed_shas, part)
+            for part in _parts(n, self.prefetch_threads)
+        ]
+        parts = StepParts(tasks)
+        return Step(info, rows, cols, cols["captions"], buffer, parts, (), erased, known)
 
     def _embedding_shas(self, got: Gathered, variants: NDArray[np.int64]) -> list[str | None]:
         """Each row's text embedding for its caption variant, None where it has none
@@ -469,18 +467,23 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         buffer: BatchBuffer,
         embed_shas: list[str | None],
         part: range,
-    ) -> list[tuple[Outcome, Outcome]]:
+    ) -> PartOut:
         """Read rows ``part`` of a step under one :class:`LeaseSet`: the cached objects
         are leased in one transaction and all returned in one more (docs/cache.md);
         small members of a pack through one entry per pack (:mod:`loader.packs`).
-        Returns each row's (latent, text embedding) outcome."""
-        out: list[tuple[Outcome, Outcome]] = []
+        Returns the rows' latent and text-embedding results and failures
+        (:data:`~loader.batch.PartOut`)."""
         # A part pins whole packs: none over a sixteenth of the budget.
         bound = min(self.pack_max_bytes, self.cache_budget_bytes // MEMBER_FRACTION)
         packs, rest = group_packed(cols, part, self._object_size, bound, self._unpackable)
         members, lengths = cols["member_sha256"], cols["length"]
         wanted = [(members[i], lengths[i]) for i in rest]
         wanted += [(obj, self._sizes[obj]) for obj in packs]
+        latents: list[Any] = []
+        latent_errors: dict[int, BaseException] = {}
+        shas = embed_shas[part.start : part.stop]
+        embeds: list[Any] = [None] * len(part)
+        embed_errors: dict[int, BaseException] = {}
         with cache.leases(wanted) as held:
             packed: dict[int, object] = {}
             for obj, rows in packs.items():
@@ -488,20 +491,34 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
                     packed.update(self._read_pack(held, obj, rows, cols, buffer))
                 except Exception as exc:  # the pack's rows fail, each as its own
                     packed.update(dict.fromkeys(rows, exc))
-            for i in part:
-                got = packed.get(i, FALLBACK)
-                if got is UNPACKABLE:
-                    self._unpackable.add(cols["object_sha256"][i])
-                if got is FALLBACK or got is UNPACKABLE:
-                    latent = outcome(self._load_latent, held, cols, buffer, i)
-                elif got is None:
-                    latent = (None, None)
-                else:
-                    latent = outcome(self._latent_failed, cols, i, got)
-                sha = embed_shas[i]
-                embed = outcome(self._load_embedding, held, sha) if sha else (None, None)
-                out.append((latent, embed))
-        return out
+            if not rest and list(packed.values()).count(None) == len(part):
+                latents = [None] * len(part)  # every row landed through its pack
+            else:
+                for j, i in enumerate(part):
+                    latent, failed = self._row_outcome(held, cols, buffer, i, packed)
+                    latents.append(latent)
+                    if failed is not None:
+                        latent_errors[j] = failed
+            if shas.count(None) != len(shas):
+                for j, sha in enumerate(shas):
+                    if sha:
+                        embeds[j], failed = outcome(self._load_embedding, held, sha)
+                        if failed is not None:
+                            embed_errors[j] = failed
+        return latents, latent_errors, embeds, embed_errors
+
+    def _row_outcome(
+        self, held: LeaseSet, cols: _Columns, buffer: BatchBuffer, i: int, packed: dict[int, object]
+    ) -> Outcome:
+        """Row ``i``'s latent outcome: as its pack read it, or read the per-member way."""
+        got = packed.get(i, FALLBACK)
+        if got is UNPACKABLE:
+            self._unpackable.add(cols["object_sha256"][i])
+        if got is FALLBACK or got is UNPACKABLE:
+            return outcome(self._load_latent, held, cols, buffer, i)
+        if got is None:
+            return None, None
+        return outcome(self._latent_failed, cols, i, got)
 
     def _load_latent(
         self, held: LeaseSet, cols: _Columns, buffer: BatchBuffer, i: int

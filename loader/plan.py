@@ -125,6 +125,8 @@ class PlanReader:
         #: RowLists per column selection (loader.rowlists); they pin the index mapping.
         self._row_lists: dict[tuple[str, ...], RowLists] = {}
         self._allowed: list[int] | None = None
+        #: The last step located (a step's info and rows are asked for in turn).
+        self._last_step: tuple[int, pa.RecordBatch, int, NDArray[np.int64]] | None = None
         self._open()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -167,6 +169,7 @@ class PlanReader:
                 f.close()
         self._plan_file = self._index_file = None
         self._row_lists = {}
+        self._last_step = None
 
     def __enter__(self) -> PlanReader:
         return self
@@ -178,6 +181,7 @@ class PlanReader:
         state = self.__dict__.copy()
         state["_plan_file"] = state["_index_file"] = None
         state["_row_lists"] = {}
+        state["_last_step"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -198,10 +202,15 @@ class PlanReader:
             )
 
     def _step_rows(self, step: int) -> tuple[pa.RecordBatch, int, NDArray[np.int64]]:
+        last = self._last_step
+        if last is not None and last[0] == step and self._plan_file is not None:
+            return last[1], last[2], last[3]
         self._check_step(step)
         batch, p = self._plan.locate(step)
         offsets, values = list_views(batch.column("rows"), np.int64)
-        return batch, p, values[offsets[p] : offsets[p + 1]]
+        rows = values[offsets[p] : offsets[p + 1]]
+        self._last_step = (step, batch, p, rows)
+        return batch, p, rows
 
     def step_info(self, step: int) -> StepInfo:
         """Phase, bucket, stream epochs and batch size of global step ``step``."""
