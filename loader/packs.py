@@ -94,6 +94,7 @@ def group_packed(
     )
     fmts = cols["format"]
     bound = max_bytes // MEMBER_FRACTION
+    sizes: dict[str, int] = {}  # a step's rows share a few packs: size each once here
     for i in part:
         obj, n = objs[i], lens[i]
         if (
@@ -102,9 +103,13 @@ def group_packed(
             or obj in unpackable
             or n > bound
             or offs[i] + n > max_bytes
-            or (size := _size(object_size, obj)) > max_bytes
-            or n * MEMBER_FRACTION > size
         ):
+            rest.append(i)
+            continue
+        size = sizes.get(obj)
+        if size is None:
+            size = sizes[obj] = _size(object_size, obj)
+        if size > max_bytes or n * MEMBER_FRACTION > size:
             rest.append(i)
         else:
             packs.setdefault(obj, []).append(i)

@@ -265,9 +265,16 @@ def _strings(
         raise IndexError("string bytes before the start of the file")
     # The bytes gathered into one blob, then Arrow makes the strings: ~9 µs for 256
     # digests, against ~25-45 µs for numpy's or Python's own decoding (2-core box).
-    blob = data[_ranges(starts, lengths)]
-    ends = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=ends[1:])
+    width = int(lengths[0])
+    if (lengths == width).all():  # digests, ids, formats: no ragged ranges to build
+        blob = data[(starts[:, None] + np.arange(width)).reshape(-1)]
+        ends = np.arange(0, (n + 1) * width, max(width, 1), dtype=np.int64)[: n + 1]
+        if not width:
+            return [""] * n
+    else:
+        blob = data[_ranges(starts, lengths)]
+        ends = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=ends[1:])
     kind, offsets = pa.large_string(), pa.py_buffer(ends)
     if ends[-1] < 1 << 31:
         kind, offsets = pa.string(), pa.py_buffer(ends.astype(np.int32))
