@@ -10,6 +10,7 @@ not. Each hit is confirmed on the key column. :func:`int_view` and
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ class MappedFile:
         self._stride = 1
         self.length = 0
         self._whole: pa.Buffer | None = None
+        self._whole_lock = threading.Lock()  # seek + read: one thread at a time
         self._file = open_mapped(path, schema=schema, what=what)
         try:
             self.num_batches = self._file.num_batches
@@ -79,11 +81,12 @@ class MappedFile:
         return self._file.schema
 
     def _whole_buffer(self) -> pa.Buffer:
-        if self._whole is None:
-            source = self._file.source
-            source.seek(0)
-            self._whole = source.read_buffer()  # zero-copy: the mapping itself
-        return self._whole
+        with self._whole_lock:
+            if self._whole is None:
+                source = self._file.source
+                source.seek(0)
+                self._whole = source.read_buffer()  # zero-copy: the mapping itself
+            return self._whole
 
     def whole(self) -> NDArray[np.uint8]:
         """The whole mapped file as a read-only byte array (no copy; only the pages

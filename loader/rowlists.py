@@ -71,7 +71,7 @@ class RowLists:
 
     def _learn(self, batches: NDArray[np.int64]) -> None:
         """Note where the buffers of ``batches`` lie (each batch once per process)."""
-        base = self.file.whole_address()
+        base, size = self.file.whole_address(), len(self._file_bytes())
         for b in batches.tolist():
             batch = self.file.batch(b)
             row = [batch.num_rows]
@@ -93,6 +93,14 @@ class RowLists:
                         cb[1].address - base + child.offset * 4,
                         _address(cb[2], base),
                     ]
+            if min(row) < 0 or max(row[1:], default=0) > size:
+                # Only zero-copy buffers of this mapping can be read by address (an IPC
+                # file with compressed buffers would decode them elsewhere).
+                raise IntegrityError(
+                    f"{self.file.what} at {self.file.path}: record batch {b} is not "
+                    "readable in place (its buffers are not in the mapped file)",
+                    path=str(self.file.path),
+                )
             self._where[b] = row
 
     def gather(self, keys: NDArray[np.int64]) -> Gathered:

@@ -106,3 +106,17 @@ def test_a_step_over_many_index_batches_reads_each_batch_once(
         assert {n: got.values(n) for n in names} == want
     assert sorted(reads) == list(range(64))  # each of the 64 batches, once
     plan.close()
+
+
+def test_an_index_whose_buffers_are_not_in_the_mapping_is_refused(tmp_path: Path) -> None:
+    table = pa.Table.from_pylist([_record(r) for r in range(20)], schema=INDEX_SCHEMA)
+    options = pa.ipc.IpcWriteOptions(compression="zstd")  # decoded outside the map
+    with (
+        pa.OSFile(str(tmp_path / "index.arrow"), "wb") as sink,
+        pa.ipc.new_file(sink, INDEX_SCHEMA, options=options) as writer,
+    ):
+        writer.write_table(table, max_chunksize=10)
+    file = MappedFile(tmp_path / "index.arrow", INDEX_SCHEMA, "row", "index.arrow")
+    with pytest.raises(IntegrityError, match="not readable in place"):
+        RowLists(file, ["row", "clip_id"]).gather(np.array([1, 15]))
+    file.close()
