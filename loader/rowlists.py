@@ -63,6 +63,16 @@ class RowLists:
         #: from the start of the file); -1 rows: not looked at yet.
         self._where = np.full((nb, 1 + slots), -1, dtype=np.int64)
         self._bytes: NDArray[np.uint8] | None = None
+        #: Per string or list column: the id of the one value all of a record batch's
+        #: rows hold (-1: they differ), and those values. A layout column (format,
+        #: tensor keys) is mostly one value: a step then copies no bytes for it.
+        self._same: dict[str, NDArray[np.int64]] = {
+            n: np.full(nb, -1, dtype=np.int64)
+            for n, (kind, _) in zip(names, self._kinds, strict=True)
+            if kind != _FIXED
+        }
+        self._same_values: list[Any] = []
+        self._same_ids: dict[Any, int] = {}
 
     def _file_bytes(self) -> NDArray[np.uint8]:
         if self._bytes is None:
@@ -102,6 +112,21 @@ class RowLists:
                     path=str(self.file.path),
                 )
             self._where[b] = row
+            self._note_same(b, row)
+
+    def _note_same(self, b: int, row: list[int]) -> None:
+        """Which string and list columns of batch ``b`` hold one value in every row."""
+        data, n, slot = self._file_bytes(), row[0], 1
+        for name, (kind, _) in zip(self.names, self._kinds, strict=True):
+            if kind != _FIXED and n:
+                value = _one_value(data, n, row[slot : slot + (2 if kind == _STRING else 3)])
+                if value is not None:
+                    key = tuple(value) if isinstance(value, list) else value
+                    vid = self._same_ids.setdefault(key, len(self._same_values))
+                    if vid == len(self._same_values):
+                        self._same_values.append(value)
+                    self._same[name][b] = vid
+            slot += 1 if kind == _FIXED else 2 if kind == _STRING else 3
 
     def gather(self, keys: NDArray[np.int64]) -> Gathered:
         """Records ``keys`` in that order (``Gathered.row`` is -1 where a key is not
@@ -118,6 +143,7 @@ class RowLists:
         inside &= (pos >= 0) & (pos < where[:, 0])
         pos = np.where(inside, pos, 0)
         got = Gathered(self, where, pos, np.full(len(keys), -1, dtype=np.int64))
+        got.batches = b
         got.row = np.where(inside, got.array("row").astype(np.int64), -1)
         return got
 
@@ -134,6 +160,7 @@ class Gathered:
         row: NDArray[np.int64],
     ) -> None:
         self._lists, self._where, self._pos, self.row = lists, where, pos, row
+        self.batches: NDArray[np.int64] = np.zeros(len(pos), dtype=np.int64)
         self._data = lists._file_bytes()
         self._slots: dict[str, tuple[int, int, np.dtype[Any] | None]] = {}
         slot = 1
@@ -164,6 +191,9 @@ class Gathered:
         if kind == _FIXED:
             values: list[Any] = self.array(name).tolist()
             return values
+        ids = self._lists._same[name][self.batches]
+        if len(ids) and ids[0] >= 0 and (ids == ids[0]).all():
+            return [self._lists._same_values[int(ids[0])]] * len(ids)
         w, pos = self._where, self._pos
         try:
             if kind == _STRING:
@@ -289,3 +319,41 @@ def _strings(
     strings = pa.Array.from_buffers(kind, n, [None, offsets, pa.py_buffer(blob)])
     out: list[str] = strings.to_pylist()
     return out
+
+
+def _one_value(data: NDArray[np.uint8], n: int, at: list[int]) -> str | list[str] | None:
+    """The value every one of a batch's ``n`` rows holds in a string column (buffer
+    addresses ``at``: offsets, bytes) or a ``list<string>`` one (list offsets, string
+    offsets, bytes); None when they differ (or the buffers do not add up: the gather
+    path then reports what is wrong)."""
+    i32 = np.dtype("<i4")
+    try:
+        offsets = _fixed(data, at[0] + 4 * np.arange(n + 1, dtype=np.int64), i32).astype(np.int64)
+        counts = np.diff(offsets)
+        if (counts != counts[0]).any():
+            return None
+        if len(at) == 2:  # a string column: offsets are the strings'
+            strings, lengths, data_at = offsets, counts[:1], at[1]
+        else:  # a list column: each row's strings are alike in number and length
+            per_row = int(counts[0])
+            if not per_row:
+                return []
+            index = int(offsets[0]) + np.arange(n * per_row + 1, dtype=np.int64)
+            strings = _fixed(data, at[1] + 4 * index, i32).astype(np.int64)
+            lengths = np.diff(strings).reshape(n, per_row)
+            if (lengths != lengths[0]).any():
+                return None
+            lengths, data_at = lengths[0], at[2]
+        width = int(strings[-1] - strings[0]) // n
+        start = data_at + int(strings[0])
+        if width < 0 or start < 0:
+            return None
+        rows = data[start : start + n * width].reshape(n, width)
+        if (rows != rows[0]).any():
+            return None
+        first = bytes(rows[0])
+        cuts = np.concatenate(([0], np.cumsum(lengths))).tolist()
+        items = [first[i:j].decode() for i, j in itertools.pairwise(cuts)]
+    except (IndexError, ValueError, UnicodeDecodeError):
+        return None
+    return items[0] if len(at) == 2 else items

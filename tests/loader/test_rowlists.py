@@ -120,3 +120,26 @@ def test_an_index_whose_buffers_are_not_in_the_mapping_is_refused(tmp_path: Path
     with pytest.raises(IntegrityError, match="not readable in place"):
         RowLists(file, ["row", "clip_id"]).gather(np.array([1, 15]))
     file.close()
+
+
+@pytest.mark.parametrize("odd_row", [None, 13])
+def test_a_column_of_one_value_gives_it_to_every_row(tmp_path: Path, odd_row: int | None) -> None:
+    # Layout columns (format, tensor keys) are mostly one value: no bytes gathered a
+    # step then; one odd row in one batch sends that batch's rows down the gather path.
+    records = []
+    for r in range(40):
+        rec = {**_record(r), "format": "safetensors", "tensor_keys": ["latent", "é"]}
+        rec.update(captions=[], text_embedding_sha256=["ab"] * 2)
+        if r == odd_row:
+            rec.update(format="npy", tensor_keys=["latent"], captions=["x"])
+        records.append(rec)
+    table = pa.Table.from_pylist(records, schema=INDEX_SCHEMA)
+    write_table(tmp_path / "index.arrow", table, max_chunksize=8)
+    file = MappedFile(tmp_path / "index.arrow", INDEX_SCHEMA, "row", "index.arrow")
+    lists = RowLists(file, NAMES)
+    for keys in (np.array([39, 1, 20, 8]), np.array([12, 13, 14]), np.arange(40)[::-1]):
+        got = lists.gather(keys.astype(np.int64))
+        want = table.take(keys).select(NAMES).to_pydict()
+        for name in NAMES:
+            assert got.values(name) == want[name], name
+    file.close()
