@@ -30,7 +30,6 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import numpy as np
-import pyarrow as pa
 from numpy.typing import NDArray
 
 from catalog.errors import ChecksumMismatch, Conflict, IntegrityError, InvalidInput, VidlakeError
@@ -110,19 +109,24 @@ def confirm_and_record(src: Any, rec: dict[str, Any], version: int, err: Vidlake
 
 
 def drop_recorded(
-    rows: NDArray[np.int64], table: Any, failed: frozenset[str], step: int, policy: OnCorrupt
-) -> tuple[NDArray[np.int64], Any, int]:
+    rows: NDArray[np.int64],
+    cols: dict[str, list[Any]],
+    failed: frozenset[str],
+    step: int,
+    policy: OnCorrupt,
+) -> tuple[NDArray[np.int64], dict[str, list[Any]], int]:
     """Rows whose member is in the shared failed-member record: dropped unread
-    (``skip``) or raised (``fail``); returns (rows, table, dropped)."""
+    (``skip``) or raised (``fail``); returns (rows, cols, dropped), ``cols`` being one
+    list a column, one value a row (every column is cut alike)."""
     if not failed:
-        return rows, table, 0
-    bad = np.array([m in failed for m in table.column("member_sha256").to_pylist()], bool)
+        return rows, cols, 0
+    bad = np.array([m in failed for m in cols["member_sha256"]], bool)
     if not bad.any():
-        return rows, table, 0
+        return rows, cols, 0
     if policy == "fail":
         i = int(np.flatnonzero(bad)[0])
-        rec = {c: table.column(c)[i].as_py() for c in ("clip_id", "object_sha256")}
-        member = table.column("member_sha256")[i].as_py()
+        rec = {c: cols[c][i] for c in ("clip_id", "object_sha256")}
+        member = cols["member_sha256"][i]
         raise ChecksumMismatch(
             f"step {step}: clip {rec['clip_id']} (object {rec['object_sha256']}): member "
             f"{member} is recorded as corrupt",
@@ -130,7 +134,9 @@ def drop_recorded(
             step=step,
             **rec,
         )
-    return rows[~bad], table.filter(pa.array(~bad)), int(bad.sum())
+    keep = np.flatnonzero(~bad).tolist()
+    kept = {name: [values[i] for i in keep] for name, values in cols.items()}
+    return rows[~bad], kept, int(bad.sum())
 
 
 def named_error(rec: dict[str, Any], exc: VidlakeError) -> IntegrityError:

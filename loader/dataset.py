@@ -54,9 +54,9 @@ from loader.batch import (
     BatchBuffer,
     BufferPool,
     Outcome,
-    PartResult,
-    PartTask,
+    PartOut,
     Step,
+    StepParts,
     outcome,
     shared_pool,
 )
@@ -86,6 +86,7 @@ from loader.packs import (
     read_pack_rows,
 )
 from loader.plan import PlanReader, StepInfo, open_plan
+from loader.rowlists import Gathered
 from loader.rowread import read_safetensors_row
 from loader.source import SnapshotSource, open_source
 from loader.stateful import StatefulLoader  # re-exported: it lived here before
@@ -95,6 +96,19 @@ __all__ = ["SnapshotDataset", "StatefulLoader"]
 #: A step's index columns as Python lists, one value per row (``_INDEX_COLUMNS``).
 _Columns = dict[str, list[Any]]
 
+
+#: The columns the fetch threads read by row (captions and text embeddings are picked
+#: per row's variant in the step's submission instead).
+_ROW_COLUMNS = [
+    "num_frames",
+    "clip_id",
+    "object_sha256",
+    "offset",
+    "length",
+    "member_sha256",
+    "format",
+    "tensor_keys",
+]
 
 _INDEX_COLUMNS = [
     "num_frames",
@@ -415,29 +429,36 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             keep = ~np.isin(rows, plan.erased_rows)
             erased = int(rows.size - keep.sum())
             rows = rows[keep]
-        table = plan.index_columns(rows, _INDEX_COLUMNS)
-        rows, table, known = drop_recorded(rows, table, failed, step, self.on_corrupt)
-        # Column lists, not a dict per row: a step's 256 dicts cost ~5x the columns.
-        cols = {name: table.column(name).to_pylist() for name in _INDEX_COLUMNS}
-        variants = _caption_variants(cols, rows, info)
-        buffer = BatchBuffer(table.num_rows, buffers)
-        embed_shas: list[str | None] = []
-        for shas, v in zip(cols["text_embedding_sha256"], variants, strict=True):
-            want = self.text_embeddings and v is not None and v < len(shas) and shas[v]
-            embed_shas.append(shas[v] if want else None)
-        # One task per part of the step (one per thread), each row's outcome a slot of it.
-        latents: list[PartResult] = []
-        embeds: list[PartResult | None] = []
-        for part in _parts(table.num_rows, self.prefetch_threads):
-            task = PartTask(executor.submit(self._load_part, cache, cols, buffer, embed_shas, part))
-            for j, i in enumerate(part):
-                latents.append(PartResult(task, j, 0))
-                embeds.append(PartResult(task, j, 1) if embed_shas[i] else None)
-        captions = [
-            texts[v] if v is not None else None
-            for texts, v in zip(cols["captions"], variants, strict=True)
+        # Lists straight from the mapped index, one vectorised gather a column
+        # (loader.rowlists): a step's 256 rows cost ~5x less than Arrow takes per
+        # record batch, then to_pylist, did.
+        got = plan.index_rows(rows, _INDEX_COLUMNS)
+        cols = {name: got.values(name) for name in _ROW_COLUMNS}
+        variants = _caption_variants(got, rows, info)
+        cols["captions"] = got.pick("captions", variants)
+        cols["text_embedding_sha256"] = self._embedding_shas(got, variants)
+        rows, cols, known = drop_recorded(rows, cols, failed, step, self.on_corrupt)
+        n = len(rows)
+        buffer = BatchBuffer(n, buffers)
+        embed_shas: list[str | None] = cols["text_embedding_sha256"]
+        # One task per part of the step (one per thread), its rows' results in lists.
+        tasks = [
+            executor.submit(self._load_part, cache, cols, buffer, embed_shas, part)
+            for part in _parts(n, self.prefetch_threads)
         ]
-        return Step(info, rows, table, captions, buffer, latents, embeds, erased, known)
+        parts = StepParts(tasks)
+        return Step(info, rows, cols, cols["captions"], buffer, parts, (), erased, known)
+
+    def _embedding_shas(self, got: Gathered, variants: NDArray[np.int64]) -> list[str | None]:
+        """Each row's text embedding for its caption variant, None where it has none
+        (or text embeddings are off)."""
+        if not self.text_embeddings:
+            return [None] * len(variants)
+        counts = got.counts("text_embedding_sha256")
+        pick = np.where((variants >= 0) & (variants < counts), variants, -1)
+        if not (pick >= 0).any():
+            return [None] * len(variants)
+        return [sha or None for sha in got.pick("text_embedding_sha256", pick)]
 
     def _load_part(
         self,
@@ -446,18 +467,23 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         buffer: BatchBuffer,
         embed_shas: list[str | None],
         part: range,
-    ) -> list[tuple[Outcome, Outcome]]:
+    ) -> PartOut:
         """Read rows ``part`` of a step under one :class:`LeaseSet`: the cached objects
         are leased in one transaction and all returned in one more (docs/cache.md);
         small members of a pack through one entry per pack (:mod:`loader.packs`).
-        Returns each row's (latent, text embedding) outcome."""
-        out: list[tuple[Outcome, Outcome]] = []
+        Returns the rows' latent and text-embedding results and failures
+        (:data:`~loader.batch.PartOut`)."""
         # A part pins whole packs: none over a sixteenth of the budget.
         bound = min(self.pack_max_bytes, self.cache_budget_bytes // MEMBER_FRACTION)
         packs, rest = group_packed(cols, part, self._object_size, bound, self._unpackable)
         members, lengths = cols["member_sha256"], cols["length"]
         wanted = [(members[i], lengths[i]) for i in rest]
         wanted += [(obj, self._sizes[obj]) for obj in packs]
+        latents: list[Any] = []
+        latent_errors: dict[int, BaseException] = {}
+        shas = embed_shas[part.start : part.stop]
+        embeds: list[Any] = [None] * len(part)
+        embed_errors: dict[int, BaseException] = {}
         with cache.leases(wanted) as held:
             packed: dict[int, object] = {}
             for obj, rows in packs.items():
@@ -465,20 +491,34 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
                     packed.update(self._read_pack(held, obj, rows, cols, buffer))
                 except Exception as exc:  # the pack's rows fail, each as its own
                     packed.update(dict.fromkeys(rows, exc))
-            for i in part:
-                got = packed.get(i, FALLBACK)
-                if got is UNPACKABLE:
-                    self._unpackable.add(cols["object_sha256"][i])
-                if got is FALLBACK or got is UNPACKABLE:
-                    latent = outcome(self._load_latent, held, cols, buffer, i)
-                elif got is None:
-                    latent = (None, None)
-                else:
-                    latent = outcome(self._latent_failed, cols, i, got)
-                sha = embed_shas[i]
-                embed = outcome(self._load_embedding, held, sha) if sha else (None, None)
-                out.append((latent, embed))
-        return out
+            if not rest and list(packed.values()).count(None) == len(part):
+                latents = [None] * len(part)  # every row landed through its pack
+            else:
+                for j, i in enumerate(part):
+                    latent, failed = self._row_outcome(held, cols, buffer, i, packed)
+                    latents.append(latent)
+                    if failed is not None:
+                        latent_errors[j] = failed
+            if shas.count(None) != len(shas):
+                for j, sha in enumerate(shas):
+                    if sha:
+                        embeds[j], failed = outcome(self._load_embedding, held, sha)
+                        if failed is not None:
+                            embed_errors[j] = failed
+        return latents, latent_errors, embeds, embed_errors
+
+    def _row_outcome(
+        self, held: LeaseSet, cols: _Columns, buffer: BatchBuffer, i: int, packed: dict[int, object]
+    ) -> Outcome:
+        """Row ``i``'s latent outcome: as its pack read it, or read the per-member way."""
+        got = packed.get(i, FALLBACK)
+        if got is UNPACKABLE:
+            self._unpackable.add(cols["object_sha256"][i])
+        if got is FALLBACK or got is UNPACKABLE:
+            return outcome(self._load_latent, held, cols, buffer, i)
+        if got is None:
+            return None, None
+        return outcome(self._latent_failed, cols, i, got)
 
     def _load_latent(
         self, held: LeaseSet, cols: _Columns, buffer: BatchBuffer, i: int
@@ -505,7 +545,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         corrupt and the policy skips, else raise the error named after the row."""
         if not isinstance(exc, (IntegrityError, InvalidInput)):
             raise exc if isinstance(exc, BaseException) else TypeError(exc)
-        rec = {name: values[i] for name, values in cols.items()}
+        rec = {name: cols[name][i] for name in _ROW_COLUMNS}
         err = named_error(rec, exc)
         # Recorded under either policy; only a failure of the source's own bytes counts.
         corrupt = isinstance(err, ChecksumMismatch) and confirm_and_record(
@@ -594,11 +634,13 @@ def _parts(n: int, k: int) -> list[range]:
     return [range(j * n // k, (j + 1) * n // k) for j in range(k)] if n else []
 
 
-def _caption_variants(cols: _Columns, rows: NDArray[np.int64], info: StepInfo) -> list[int | None]:
-    """Variant ``(epoch + row) % len(captions)``, epoch = the row's stream's epoch now."""
-    out: list[int | None] = []
-    for texts, stream, row in zip(cols["captions"], cols["stream"], rows.tolist(), strict=True):
-        n = len(texts)
-        epoch = int(info.stream_epochs[stream]) if stream < len(info.stream_epochs) else 0
-        out.append((epoch + row) % n if n else None)
-    return out
+def _caption_variants(got: Gathered, rows: NDArray[np.int64], info: StepInfo) -> NDArray[np.int64]:
+    """Variant ``(epoch + row) % len(captions)`` of each row, epoch = the row's
+    stream's epoch now (0 for a stream the plan does not know); -1: no captions."""
+    stream = got.array("stream").astype(np.int64)
+    epochs = info.stream_epochs
+    epoch = np.zeros(len(rows), dtype=np.int64)
+    known = stream < len(epochs)
+    epoch[known] = epochs[stream[known]]
+    counts = got.counts("captions")
+    return np.where(counts > 0, (epoch + rows) % np.maximum(counts, 1), -1)

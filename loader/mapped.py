@@ -10,6 +10,7 @@ not. Each hit is confirmed on the key column. :func:`int_view` and
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,8 @@ class MappedFile:
         self._offsets: NDArray[np.int64] | None = None
         self._stride = 1
         self.length = 0
+        self._whole: pa.Buffer | None = None
+        self._whole_lock = threading.Lock()  # seek + read: one thread at a time
         self._file = open_mapped(path, schema=schema, what=what)
         try:
             self.num_batches = self._file.num_batches
@@ -70,8 +73,30 @@ class MappedFile:
             raise
 
     def close(self) -> None:
-        self._last = None
+        self._last = self._whole = None
         self._file.close()
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._file.schema
+
+    def _whole_buffer(self) -> pa.Buffer:
+        with self._whole_lock:
+            if self._whole is None:
+                source = self._file.source
+                source.seek(0)
+                self._whole = source.read_buffer()  # zero-copy: the mapping itself
+            return self._whole
+
+    def whole(self) -> NDArray[np.uint8]:
+        """The whole mapped file as a read-only byte array (no copy; only the pages
+        read through it become resident). It pins the mapping: drop it with the file."""
+        return np.frombuffer(self._whole_buffer(), dtype=np.uint8)
+
+    def whole_address(self) -> int:
+        """The address of the file's first byte in this process (buffer addresses of
+        its record batches minus this are offsets in the file)."""
+        return int(self._whole_buffer().address)
 
     def batch(self, b: int) -> pa.RecordBatch:
         last = self._last

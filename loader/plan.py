@@ -49,6 +49,7 @@ from catalog.errors import IntegrityError, InvalidInput
 from catalog.hashing import sha256_bytes
 from loader.gather import gather
 from loader.mapped import MappedFile, int_view, list_views
+from loader.rowlists import Gathered, RowLists
 from loader.snapshot import (
     LOADER_ARTIFACTS,
     effective_snapshot,
@@ -121,7 +122,11 @@ class PlanReader:
         self.index_path = index_path
         self._plan_file: MappedFile | None = None
         self._index_file: MappedFile | None = None
+        #: RowLists per column selection (loader.rowlists); they pin the index mapping.
+        self._row_lists: dict[tuple[str, ...], RowLists] = {}
         self._allowed: list[int] | None = None
+        #: The last step located (a step's info and rows are asked for in turn).
+        self._last_step: tuple[int, pa.RecordBatch, int, NDArray[np.int64]] | None = None
         self._open()
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -163,6 +168,8 @@ class PlanReader:
             if f is not None:
                 f.close()
         self._plan_file = self._index_file = None
+        self._row_lists = {}
+        self._last_step = None
 
     def __enter__(self) -> PlanReader:
         return self
@@ -173,6 +180,8 @@ class PlanReader:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_plan_file"] = state["_index_file"] = None
+        state["_row_lists"] = {}
+        state["_last_step"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -193,10 +202,15 @@ class PlanReader:
             )
 
     def _step_rows(self, step: int) -> tuple[pa.RecordBatch, int, NDArray[np.int64]]:
+        last = self._last_step
+        if last is not None and last[0] == step and self._plan_file is not None:
+            return last[1], last[2], last[3]
         self._check_step(step)
         batch, p = self._plan.locate(step)
         offsets, values = list_views(batch.column("rows"), np.int64)
-        return batch, p, values[offsets[p] : offsets[p + 1]]
+        rows = values[offsets[p] : offsets[p + 1]]
+        self._last_step = (step, batch, p, rows)
+        return batch, p, rows
 
     def step_info(self, step: int) -> StepInfo:
         """Phase, bucket, stream epochs and batch size of global step ``step``."""
@@ -274,17 +288,8 @@ class PlanReader:
         Raises:
             InvalidInput: an unknown column or a row outside the index.
         """
+        keys, names = self._checked(rows, columns)
         index = self._index
-        keys = np.asarray(rows, dtype=np.int64)
-        names = ["row", *[c for c in (columns or INDEX_SCHEMA.names) if c != "row"]]
-        unknown = set(names) - set(INDEX_SCHEMA.names)
-        if unknown:
-            raise InvalidInput(f"unknown index columns {sorted(unknown)}", columns=sorted(unknown))
-        if len(keys) and (keys.min() < 0 or keys.max() >= index.length):
-            index.build_offsets()  # the equal-batches estimate of the length may be short
-            if keys.min() < 0 or keys.max() >= index.length:
-                bad = int(keys[(keys < 0) | (keys >= index.length)][0])
-                raise InvalidInput(f"row {bad} is outside 0..{index.length - 1}", row=bad)
         schema = pa.schema([INDEX_SCHEMA.field(n) for n in names])
         for _ in range(2):
             table = gather(index, keys, names, schema)
@@ -296,6 +301,50 @@ class PlanReader:
         raise IntegrityError(
             f"index.arrow at {index.path}: rows are misplaced", path=str(index.path)
         )
+
+    def index_rows(self, rows: NDArray[np.int64] | list[int], columns: list[str]) -> Gathered:
+        """The index records of ``rows`` (columns ``columns``), in the order given, read
+        straight from the mapped buffers when asked for: ``list(name)`` is what
+        :meth:`index_columns` then ``to_pylist`` give (:mod:`loader.rowlists`: one
+        vectorised gather a column, whatever the number of record batches the rows
+        are in).
+
+        Raises:
+            InvalidInput: an unknown column or a row outside the index.
+            IntegrityError: rows not where the index says, buffers outside the file.
+        """
+        keys, names = self._checked(rows, columns)
+        index = self._index
+        lists = self._row_lists.get(tuple(names))
+        if lists is None:
+            lists = self._row_lists[tuple(names)] = RowLists(index, names)
+        for _ in range(2):
+            got = lists.gather(keys)
+            if np.array_equal(got.row, keys):
+                return got
+            if index._offsets is not None:
+                break
+            index.build_offsets()
+        raise IntegrityError(
+            f"index.arrow at {index.path}: rows are misplaced", path=str(index.path)
+        )
+
+    def _checked(
+        self, rows: NDArray[np.int64] | list[int], columns: list[str] | None
+    ) -> tuple[NDArray[np.int64], list[str]]:
+        """``rows`` as keys, and the column names asked (``row`` first), both checked."""
+        index = self._index
+        keys = np.asarray(rows, dtype=np.int64)
+        names = ["row", *[c for c in (columns or INDEX_SCHEMA.names) if c != "row"]]
+        unknown = set(names) - set(INDEX_SCHEMA.names)
+        if unknown:
+            raise InvalidInput(f"unknown index columns {sorted(unknown)}", columns=sorted(unknown))
+        if len(keys) and (keys.min() < 0 or keys.max() >= index.length):
+            index.build_offsets()  # the equal-batches estimate of the length may be short
+            if keys.min() < 0 or keys.max() >= index.length:
+                bad = int(keys[(keys < 0) | (keys >= index.length)][0])
+                raise InvalidInput(f"row {bad} is outside 0..{index.length - 1}", row=bad)
+        return keys, names
 
 
 def _gcd_path(plan_path: Path) -> Path:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from catalog.errors import ChecksumMismatch, IntegrityError
-from loader.batch import BatchBuffer, Step
+from loader.batch import BatchBuffer, PartOut, Step, StepParts
 from loader.dataset import SnapshotDataset
 from loader.plan import StepInfo
 from manifests.synthetic import write_snapshot
@@ -53,9 +53,42 @@ def test_a_latent_that_does_not_fit_its_bucket_names_its_clip() -> None:
     fits.set_result(None)
     misfit: Future[dict[str, torch.Tensor] | None] = Future()
     misfit.set_result({"latent": torch.zeros(2, 4, 3, 3)})
-    table = pa.table({"clip_id": ["clip-a", "clip-b"], "object_sha256": ["aa" * 32, "bb" * 32]})
+    table = {"clip_id": ["clip-a", "clip-b"], "object_sha256": ["aa" * 32, "bb" * 32]}
     step = Step(info, np.array([10, 11]), table, [None, None], buffer, [fits, misfit], [None, None])
     with pytest.raises(IntegrityError) as exc:
         step.assemble()
     assert (exc.value.clip_id, exc.value.object_sha256, exc.value.row) == ("clip-b", "bb" * 32, 11)
     assert "clip-b" in exc.value.message
+
+
+def test_a_steps_parts_give_rows_in_order_and_raise_the_first_failed_row() -> None:
+    info = StepInfo(
+        step=2, phase=0, bucket=0, stream_epochs=np.zeros(1, np.int32), batch_size=4, skipped=0
+    )
+    buffer = BatchBuffer(4, None)
+    assert buffer.slots(0, {"latent": (torch.float32, (1, 2))}) is not None
+    table = {"clip_id": ["a", "b", "c", "d"], "object_sha256": ["aa" * 32] * 4}
+
+    def part(*out: object) -> Future[PartOut]:
+        f: Future[PartOut] = Future()
+        f.set_result(out)  # type: ignore[arg-type]
+        return f
+
+    emb = torch.ones(3)
+    parts = StepParts(
+        [part([None, None], {}, [emb, None], {}), part([None, None], {}, [emb, emb], {})]
+    )
+    batch = Step(info, np.arange(4), table, ["w"] * 4, buffer, parts).assemble()
+    assert batch["clip_ids"] == ["a", "b", "c", "d"]
+    assert batch["text_embeddings"][0] is emb and batch["text_embeddings"][1] is None
+    # Row 1's failure, not row 3's (in a later part), nor row 2's embedding's.
+    first, later = IntegrityError("row 1"), IntegrityError("row 3")
+    parts = StepParts(
+        [
+            part([None, None], {1: first}, [None, None], {}),
+            part([None, None], {1: later}, [None, None], {0: ValueError("embedding")}),
+        ]
+    )
+    with pytest.raises(IntegrityError) as exc:
+        Step(info, np.arange(4), table, ["w"] * 4, buffer, parts).assemble()
+    assert exc.value is first
