@@ -22,7 +22,7 @@ Prints one JSON line::
 
     {"sizes", "batch", "batches", "pairs", "seed", "seed_flush_keys", "load": [start,
      end], "runs": [{"existing", "rows_per_s", "rows_per_s_all", "close_s", "rss_mb",
-     "index_lookup_s", "index_lookup_clip_s", "index_runs", "pruned_scan_s", "seed_s",
+     "index_lookup_s", "index_lookup_clip_s", "index_runs", "manifests", "pruned_scan_s", "seed_s",
      "empty": {"rows_per_s", "rows_per_s_all", "rss_mb"}}, ...], "rss_growth",
      "rate_ratio", "rate_ratio_all"}
 
@@ -31,7 +31,9 @@ ingest makes it (:meth:`catalog.key_index.KeyStore.has` with the clips' assets: 
 asset-keyed digests, about one block read per asset and run);
 ``index_lookup_clip_s``: the same keys by clip id alone (one block per clip and run,
 as the duplicate check read them before, and as a reference check still does);
-``index_runs``: the clip keys' run files then (:mod:`catalog.key_runs`, both widths).
+``manifests``: the clips table's manifests at the end (what each commit's manifest
+list holds, :mod:`catalog.manifest_merge`); ``index_runs``: the clip keys' run files
+then (:mod:`catalog.key_runs`, both widths).
 
 Each sized run is paired with a run of the same kind into a fresh catalog that holds
 only the assets (``empty``), measured just before it, so a shared box's load shifts
@@ -152,6 +154,9 @@ def _child(config_json: str, shift: float, batch: int, batches: int, scan: bool)
         cat._keys.has("clips", probe)  # by clip id alone (a reference check's way)
         index_clip_s = time.perf_counter() - t0
         runs = len(cat._keys._runs.listed(cat._keys._db(), "clips"))
+        clips = cat.iceberg_table("clips")
+        head = clips.current_snapshot()
+        manifests = len(head.manifests(clips.io)) if head is not None else 0
         t0 = time.perf_counter()
         cat._keys.close()  # writes the keys still pending: part of the ingest's cost
         close_s = time.perf_counter() - t0
@@ -164,6 +169,7 @@ def _child(config_json: str, shift: float, batch: int, batches: int, scan: bool)
             "index_lookup_s": round(index_s, 4),
             "index_lookup_clip_s": round(index_clip_s, 4),
             "index_runs": runs,
+            "manifests": manifests,
         }
         if not scan:
             return out

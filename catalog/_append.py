@@ -299,11 +299,10 @@ def _manifests(
     new = _write_manifest(
         tbl, meta.default_spec_id, snapshot_id, f"{commit}-m0.avro", codec, entries, written
     )
-    new_path = written[-1]
     if parent is None:
         return [new]
     kept = [m for m in parent.manifests(io=tbl.io) if m.has_added_files() or m.has_existing_files()]
-    merged: list[int] = []
+    own = {written[-1]: new}  # path → manifest, of those this commit wrote
 
     def read(m: ManifestFile) -> list[ManifestEntry]:
         if m is new:
@@ -311,14 +310,18 @@ def _manifests(
         return m.fetch_manifest_entry(tbl.io, discard_deleted=False)
 
     def write(spec_id: int, merged_entries: list[ManifestEntry]) -> ManifestFile:
-        name = f"{commit}-m{len(merged) + 1}.avro"
-        merged.append(spec_id)
-        return _write_manifest(tbl, spec_id, snapshot_id, name, codec, merged_entries, written)
+        name = f"{commit}-m{len(own)}.avro"
+        m = _write_manifest(tbl, spec_id, snapshot_id, name, codec, merged_entries, written)
+        own[written[-1]] = m
+        return m
 
     out = manifest_merge.merge([new, *kept], snapshot_id, meta.properties, read, write)
-    if all(m is not new for m in out):  # merged: nothing will reference its file
-        written.remove(new_path)
-        _remove(tbl, [new_path])
+    # Merged away (the new manifest, or a tier merged again in the same commit):
+    # nothing will reference them.
+    unused = [path for path, m in own.items() if all(m is not o for o in out)]
+    for path in unused:
+        written.remove(path)
+    _remove(tbl, unused)
     return out
 
 

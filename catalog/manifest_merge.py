@@ -36,10 +36,9 @@ from pyiceberg.manifest import (
     ManifestFile,
 )
 from pyiceberg.table import TableProperties
-from pyiceberg.utils.bin_packing import ListPacker
 from pyiceberg.utils.properties import property_as_bool, property_as_int
 
-__all__ = ["MIN_COUNT_DEFAULT", "merge", "policy"]
+__all__ = ["MIN_COUNT_DEFAULT", "merge", "merge_count", "policy"]
 
 #: Manifests the bin of a commit's own manifest must hold before it is merged.
 MIN_COUNT_DEFAULT = 16
@@ -70,7 +69,7 @@ def policy(properties: Mapping[str, str]) -> tuple[bool, int, int]:
             f"{TableProperties.MANIFEST_MIN_MERGE_COUNT} and "
             f"{TableProperties.MANIFEST_TARGET_SIZE_BYTES} must be positive integers"
         )
-    return enabled, min_count, target
+    return enabled, max(2, min_count), target  # a fan-in of 1 would merge nothing
 
 
 def merge(
@@ -81,7 +80,7 @@ def merge(
     write: WriteManifest,
 ) -> list[ManifestFile]:
     """The manifest list of a commit: ``manifests`` (its own new manifest first, then
-    its parent's), with bins merged by Iceberg's rule.
+    its parent's, newest first), with runs of the newest merged by the tier rule.
 
     Args:
         manifests: The commit's new manifest, then the parent's manifests in order.
@@ -91,26 +90,56 @@ def merge(
         write: Writes one merged manifest (and records its path for cleanup).
 
     Returns:
-        The manifests to list, delete manifests after the data manifests.
+        The manifests to list: each spec's data manifests (in the order of the specs'
+        first appearance), then the delete manifests as they were.
     """
-    enabled, min_count, target = policy(properties)
+    enabled, fan_in, target = policy(properties)
     if not enabled or len(manifests) < 2:
         return manifests
-    first = manifests[0]
-    data = [m for m in manifests if m.content == ManifestContent.DATA]
-    deletes = [m for m in manifests if m.content != ManifestContent.DATA]
     by_spec: dict[int, list[ManifestFile]] = {}
-    for m in data:
-        by_spec.setdefault(m.partition_spec_id, []).append(m)
+    for m in manifests:
+        if m.content == ManifestContent.DATA:
+            by_spec.setdefault(m.partition_spec_id, []).append(m)
     out: list[ManifestFile] = []
-    for spec_id in reversed(list(by_spec)):  # as pyiceberg: the newest spec's group last
-        packer: ListPacker[ManifestFile] = ListPacker(target, lookback=1, largest_bin_first=False)
-        for group in packer.pack_end(by_spec[spec_id], lambda m: m.manifest_length):
-            if len(group) == 1 or (first in group and len(group) < min_count):
-                out.extend(group)
-            else:
-                out.append(write(spec_id, _entries(group, snapshot_id, read)))
-    return out + deletes
+    for spec_id, group in by_spec.items():
+        while k := merge_count(group, fan_in, target):
+            merged = write(spec_id, _entries(group[:k], snapshot_id, read))
+            group = [merged, *group[k:]]  # may complete a run of the next tier
+        out.extend(group)
+    return out + [m for m in manifests if m.content != ManifestContent.DATA]
+
+
+def merge_count(group: list[ManifestFile], fan_in: int, target: int) -> int:
+    """How many of the newest manifests of one spec to merge now (0: none).
+
+    A manifest's tier is ``floor(log_fan_in(files))``; one of ``target`` bytes or more
+    is full and never merged. For each tier from the lowest, the run is the newest
+    manifests, none full, none of a higher tier: merge it when it holds ``fan_in`` of
+    that tier (the lower ones go along) or, holding two or more, ``target`` bytes.
+    """
+    tiers = [None if m.manifest_length >= target else _tier(_files(m), fan_in) for m in group]
+    for top in sorted({t for t in tiers if t is not None}):
+        k = at_top = size = 0
+        while k < len(group) and (tier := tiers[k]) is not None and tier <= top:
+            at_top += tier == top
+            size += group[k].manifest_length
+            k += 1
+        if at_top >= fan_in or (k >= 2 and size >= target):
+            return k
+    return 0
+
+
+def _files(m: ManifestFile) -> int:
+    counts = (m.added_files_count, m.existing_files_count, m.deleted_files_count)
+    return max(1, sum(c or 0 for c in counts))
+
+
+def _tier(files: int, fan_in: int) -> int:
+    tier = 0
+    while files >= fan_in:
+        files //= fan_in
+        tier += 1
+    return tier
 
 
 def _entries(group: list[ManifestFile], snapshot_id: int, read: ReadEntries) -> list[ManifestEntry]:

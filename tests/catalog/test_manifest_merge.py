@@ -61,6 +61,10 @@ def _grow(cat: VidlakeCatalog, ids: pa.Array, n: int) -> list[int]:
     return sids
 
 
+def _digit_sum(n: int, base: int) -> int:
+    return n % base + _digit_sum(n // base, base) if n else 0
+
+
 def test_the_manifest_list_stays_bounded_as_appends_go_on(cat: VidlakeCatalog) -> None:
     ids = _clip_ids(cat, 20)
     counts = []
@@ -70,7 +74,10 @@ def test_the_manifest_list_stays_bounded_as_appends_go_on(cat: VidlakeCatalog) -
         snap = tbl.metadata.current_snapshot()
         assert snap is not None
         counts.append(len(snap.manifests(tbl.io)))
-    assert max(counts) < MIN_COUNT  # a fast append alone would list 16 by now
+    # Tiers of MIN_COUNT: after n one-file commits the list holds as many manifests as
+    # n's digits in base MIN_COUNT add up to (a fast append alone: n).
+    assert counts == [_digit_sum(n, MIN_COUNT) for n in range(1, 4 * MIN_COUNT + 1)]
+    assert counts[-1] == 1 and max(counts) == 2 * (MIN_COUNT - 1)
     assert cat.scan("scores").num_rows == 20 * 4 * MIN_COUNT
     # A merged table holds no file twice and no orphan manifest of a merged commit.
     assert [p for p, *_ in unreferenced_files(cat.iceberg_table("scores"))] == []
