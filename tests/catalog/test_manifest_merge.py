@@ -10,10 +10,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from pyiceberg.exceptions import CommitFailedException
-from pyiceberg.manifest import ManifestEntryStatus, ManifestFile
+from pyiceberg.manifest import ManifestContent, ManifestEntryStatus, ManifestFile
 from pyiceberg.table import Table
 
-from catalog import _append, idempotency
+from catalog import _append, idempotency, manifest_merge
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
 from catalog.maintenance.orphans import remove_orphans, unreferenced_files
@@ -195,3 +195,53 @@ def test_duckdb_reads_merged_manifests_as_pyiceberg_does(
     for sid, theirs in zip(picks, got, strict=True):
         ours = tbl.scan(snapshot_id=sid).to_arrow() if sid else tbl.scan().to_arrow()
         assert ours.num_rows > 0 and _sorted(theirs) == _sorted(ours), sid
+
+
+def _m(files: int, length: int = 1000) -> ManifestFile:
+    return ManifestFile.from_args(
+        manifest_path=f"m-{files}-{length}.avro",
+        manifest_length=length,
+        partition_spec_id=0,
+        content=ManifestContent.DATA,
+        added_files_count=files,
+        existing_files_count=0,
+        deleted_files_count=0,
+    )
+
+
+def test_the_tier_rule() -> None:
+    count = manifest_merge.merge_count
+    assert count([_m(1)] * 3, 4, 1 << 20) == 0
+    assert count([_m(1)] * 4, 4, 1 << 20) == 4  # four of tier 0
+    assert count([_m(1), _m(4), _m(5), _m(1)], 4, 1 << 20) == 0  # tier 0 run is 1 long
+    # Four of tier 1 with tier-0 passengers; the older tier-2 one is not in the run.
+    tiers = [_m(1), _m(4), _m(2), _m(7), _m(15), _m(6), _m(16), _m(1)]
+    assert count(tiers, 4, 1 << 20) == 6
+    # Two or more reaching the target merge; a full manifest is never merged again.
+    assert count([_m(1, 600), _m(1, 500)], 4, 1000) == 2
+    assert count([_m(1, 1000)] * 8, 4, 1000) == 0
+    assert count([_m(1), _m(1), _m(1), _m(1, 1000), _m(1)], 4, 1000) == 0
+
+
+def test_merge_policy_properties() -> None:
+    assert manifest_merge.policy({}) == (True, manifest_merge.MIN_COUNT_DEFAULT, 8 << 20)
+    props = {
+        "commit.manifest-merge.enabled": "false",
+        "commit.manifest.min-count-to-merge": "1",
+        "commit.manifest.target-size-bytes": "4096",
+    }
+    assert manifest_merge.policy(props) == (False, 2, 4096)
+    for bad in (
+        {"commit.manifest.min-count-to-merge": "0"},
+        {"commit.manifest-merge.enabled": "x"},
+    ):
+        with pytest.raises(ValueError):
+            manifest_merge.policy(bad)
+
+
+def test_merging_off_keeps_every_manifest(cat: VidlakeCatalog) -> None:
+    with cat.iceberg_table("scores").transaction() as tx:
+        tx.set_properties({"commit.manifest-merge.enabled": "false"})
+    ids = _clip_ids(cat, 5)
+    _grow(cat, ids, MIN_COUNT + 1)
+    assert len(_manifests(cat.iceberg_table("scores"))) == MIN_COUNT + 1
