@@ -48,7 +48,7 @@ from pyiceberg.utils.properties import property_as_bool, property_as_int
 __all__ = ["MIN_COUNT_DEFAULT", "merge", "merge_count", "policy"]
 
 #: The fan-in F: manifests of one tier merged into one of the next.
-MIN_COUNT_DEFAULT = 16
+MIN_COUNT_DEFAULT = 8
 
 #: Writes the given entries as one manifest of the given spec id; returns it.
 WriteManifest = Callable[[int, list[ManifestEntry]], ManifestFile]
