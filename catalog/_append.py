@@ -302,23 +302,27 @@ def _manifests(
     if parent is None:
         return [new]
     kept = [m for m in parent.manifests(io=tbl.io) if m.has_added_files() or m.has_existing_files()]
-    own = {written[-1]: new}  # path → manifest, of those this commit wrote
+    # Of the manifests this commit writes: path → (manifest, its entries). A merge reads
+    # them from memory: read back, this commit's entries would carry the list's
+    # unassigned sequence number (-1) instead of inheriting the commit's.
+    own = {written[-1]: (new, entries)}
 
     def read(m: ManifestFile) -> list[ManifestEntry]:
-        if m is new:
-            return entries  # in memory: sequence numbers not yet assigned
+        for mine, its_entries in own.values():
+            if m is mine:
+                return its_entries
         return m.fetch_manifest_entry(tbl.io, discard_deleted=False)
 
     def write(spec_id: int, merged_entries: list[ManifestEntry]) -> ManifestFile:
         name = f"{commit}-m{len(own)}.avro"
         m = _write_manifest(tbl, spec_id, snapshot_id, name, codec, merged_entries, written)
-        own[written[-1]] = m
+        own[written[-1]] = (m, merged_entries)
         return m
 
     out = manifest_merge.merge([new, *kept], snapshot_id, meta.properties, read, write)
     # Merged away (the new manifest, or a tier merged again in the same commit):
     # nothing will reference them.
-    unused = [path for path, m in own.items() if all(m is not o for o in out)]
+    unused = [path for path, (m, _) in own.items() if all(m is not o for o in out)]
     for path in unused:
         written.remove(path)
     _remove(tbl, unused)

@@ -57,7 +57,9 @@ def _grow(cat: VidlakeCatalog, ids: pa.Array, n: int) -> list[int]:
     sids = []
     for i in range(n):
         cat.add_scores(_scores(ids, f"f{i}"))
-        sids.append(cat.iceberg_table("scores").metadata.current_snapshot_id)
+        sid = cat.iceberg_table("scores").metadata.current_snapshot_id
+        assert sid is not None
+        sids.append(sid)
     return sids
 
 
@@ -85,7 +87,7 @@ def test_the_manifest_list_stays_bounded_as_appends_go_on(cat: VidlakeCatalog) -
 
 def test_merged_entries_keep_their_snapshot_and_sequence_numbers(cat: VidlakeCatalog) -> None:
     ids = _clip_ids(cat, 10)
-    sids = _grow(cat, ids, 3 * MIN_COUNT)
+    sids = _grow(cat, ids, MIN_COUNT**2)  # the last commit merges twice (a carry)
     tbl = cat.iceberg_table("scores")
     first_seen: dict[str, tuple[Any, ...]] = {}
     for sid in sids:  # each file as the snapshot that added it listed it
@@ -94,6 +96,9 @@ def test_merged_entries_keep_their_snapshot_and_sequence_numbers(cat: VidlakeCat
                 first_seen[path] = (snap_id, seq, file_seq)
     now = _entries(tbl)
     assert set(now) == set(first_seen)
+    for path, (_, snap_id, seq, file_seq) in now.items():  # the adding commit's number
+        added_by = tbl.metadata.snapshot_by_id(snap_id)
+        assert added_by is not None and seq == file_seq == added_by.sequence_number, path
     assert {path: v[1:] for path, v in now.items()} == first_seen
     snap = tbl.metadata.current_snapshot()
     assert snap is not None
