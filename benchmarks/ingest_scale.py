@@ -21,17 +21,20 @@ number may differ: ``index_runs`` says).
 Prints one JSON line::
 
     {"sizes", "batch", "batches", "pairs", "seed", "seed_flush_keys", "load": [start,
-     end], "runs": [{"existing", "rows_per_s", "rows_per_s_all", "close_s", "rss_mb",
-     "index_lookup_s", "index_lookup_clip_s", "index_runs", "pruned_scan_s", "seed_s",
-     "empty": {"rows_per_s", "rows_per_s_all", "rss_mb"}}, ...], "rss_growth",
-     "rate_ratio", "rate_ratio_all"}
+     end], "runs": [{"existing", "rows_per_s", "rows_per_s_all", "rows_per_cpu_s",
+     "close_s", "rss_mb", "index_lookup_s", "index_lookup_clip_s", "index_runs",
+     "manifests", "pruned_scan_s", "seed_s", "empty": {"rows_per_s", "rows_per_s_all",
+     "rows_per_cpu_s", "rss_mb"}}, ...], "rss_growth",
+     "rate_ratio", "rate_ratio_all", "cpu_ratio"}
 
 ``index_lookup_s``: one 10k-key duplicate check of new clips in the fresh process, as
 ingest makes it (:meth:`catalog.key_index.KeyStore.has` with the clips' assets: the
 asset-keyed digests, about one block read per asset and run);
 ``index_lookup_clip_s``: the same keys by clip id alone (one block per clip and run,
 as the duplicate check read them before, and as a reference check still does);
-``index_runs``: the clip keys' run files then (:mod:`catalog.key_runs`, both widths).
+``manifests``: the clips table's manifests at the end (what each commit's manifest
+list holds, :mod:`catalog.manifest_merge`); ``index_runs``: the clip keys' run files
+then (:mod:`catalog.key_runs`, both widths).
 
 Each sized run is paired with a run of the same kind into a fresh catalog that holds
 only the assets (``empty``), measured just before it, so a shared box's load shifts
@@ -40,7 +43,10 @@ both alike; ``--pairs N`` measures N such pairs per size.
 ``rss_growth`` = peak RSS at the largest catalog / at the smallest (medians; goal:
 flat, ≤ 1.2); ``rate_ratio`` = rows/s at the largest catalog / with no clips (the
 median over its pairs of sized / empty; goal ≥ 0.7); ``rate_ratio_all`` the same of
-``rows_per_s_all``.
+``rows_per_s_all``; ``cpu_ratio`` the same of ``rows_per_cpu_s`` (clips per second of
+the process's CPU time, all threads, in its median batch: on a shared box other jobs
+stretch wall time far more than CPU time; waits such as the commit's fsync are not in
+it).
 """
 
 from __future__ import annotations
@@ -137,11 +143,12 @@ def _child(config_json: str, shift: float, batch: int, batches: int, scan: bool)
     config = CatalogConfig.model_validate_json(config_json)
     new = [_clips(k * batch, batch, shift) for k in range(batches)]
     with VidlakeCatalog.open(config) as cat:
-        took = []
+        took, cpu = [], []
         for rows in new:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             assert cat.add_clips(rows).inserted == batch
             took.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
         rate = batch / float(np.median(took))  # the median batch: a shared box's noise
         probe_rows = _clips(batches * batch, batch, shift)
         probe = probe_rows["clip_id"]
@@ -152,6 +159,9 @@ def _child(config_json: str, shift: float, batch: int, batches: int, scan: bool)
         cat._keys.has("clips", probe)  # by clip id alone (a reference check's way)
         index_clip_s = time.perf_counter() - t0
         runs = len(cat._keys._runs.listed(cat._keys._db(), "clips"))
+        clips = cat.iceberg_table("clips")
+        head = clips.current_snapshot()
+        manifests = len(head.manifests(clips.io)) if head is not None else 0
         t0 = time.perf_counter()
         cat._keys.close()  # writes the keys still pending: part of the ingest's cost
         close_s = time.perf_counter() - t0
@@ -159,11 +169,13 @@ def _child(config_json: str, shift: float, batch: int, batches: int, scan: bool)
         out = {
             "rows_per_s": round(rate),
             "rows_per_s_all": round(batch * batches / (sum(took) + close_s)),
+            "rows_per_cpu_s": round(batch / float(np.median(cpu))),
             "close_s": round(close_s, 3),
             "rss_mb": round(rss, 1),
             "index_lookup_s": round(index_s, 4),
             "index_lookup_clip_s": round(index_clip_s, 4),
             "index_runs": runs,
+            "manifests": manifests,
         }
         if not scan:
             return out
@@ -244,7 +256,8 @@ def run(
         for turn in range(pairs):  # each sized run next to an empty-catalog run
             empty = _empty(root / f"empty-{size}-{turn}", floor, batch, batches, scan)
             runs.append({**_measure(config, size, batch, batches, scan, turn), "seed_s": seed_s})
-            runs[-1]["empty"] = {k: empty[k] for k in ("rows_per_s", "rows_per_s_all", "rss_mb")}
+            keep = ("rows_per_s", "rows_per_s_all", "rows_per_cpu_s", "rss_mb")
+            runs[-1]["empty"] = {k: empty[k] for k in keep}
     load.append(round(os.getloadavg()[0], 2))
     last = [r for r in runs if r["existing"] == sizes[-1]]
     first = [r for r in runs if r["existing"] == sizes[0]]
@@ -260,6 +273,7 @@ def run(
         "rss_growth": round(_median(last, "rss_mb") / _median(first, "rss_mb"), 3),
         "rate_ratio": _ratio(last, "rows_per_s"),
         "rate_ratio_all": _ratio(last, "rows_per_s_all"),
+        "cpu_ratio": _ratio(last, "rows_per_cpu_s"),
     }
 
 

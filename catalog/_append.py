@@ -80,7 +80,7 @@ from pyiceberg.table.update import (
 from pyiceberg.transforms import IdentityTransform
 from pyiceberg.typedef import Record
 
-from catalog import row_groups
+from catalog import manifest_merge, row_groups
 from catalog._sql_commit import commit as sql_commit
 
 __all__ = ["append"]
@@ -274,6 +274,87 @@ def _write_data_file(
     )
 
 
+def _manifests(
+    tbl: Table,
+    files: list[DataFile],
+    snapshot_id: int,
+    commit: uuid.UUID,
+    codec: str,
+    written: list[str],
+) -> list[ManifestFile]:
+    """The new snapshot's manifests: one for ``files``, then the parent's live ones,
+    merged by :func:`catalog.manifest_merge.merge` (which bounds their number)."""
+    meta = tbl.metadata
+    parent = meta.snapshot_by_name(MAIN_BRANCH)
+    entries = [
+        ManifestEntry.from_args(
+            status=ManifestEntryStatus.ADDED,
+            snapshot_id=snapshot_id,
+            sequence_number=None,
+            file_sequence_number=None,
+            data_file=data_file,
+        )
+        for data_file in files
+    ]
+    new = _write_manifest(
+        tbl, meta.default_spec_id, snapshot_id, f"{commit}-m0.avro", codec, entries, written
+    )
+    if parent is None:
+        return [new]
+    kept = [m for m in parent.manifests(io=tbl.io) if m.has_added_files() or m.has_existing_files()]
+    # Of the manifests this commit writes: path → (manifest, its entries). A merge reads
+    # them from memory: read back, this commit's entries would carry the list's
+    # unassigned sequence number (-1) instead of inheriting the commit's.
+    own = {written[-1]: (new, entries)}
+
+    def read(m: ManifestFile) -> list[ManifestEntry]:
+        for mine, its_entries in own.values():
+            if m is mine:
+                return its_entries
+        return m.fetch_manifest_entry(tbl.io, discard_deleted=False)
+
+    def write(spec_id: int, merged_entries: list[ManifestEntry]) -> ManifestFile:
+        name = f"{commit}-m{len(own)}.avro"
+        m = _write_manifest(tbl, spec_id, snapshot_id, name, codec, merged_entries, written)
+        own[written[-1]] = (m, merged_entries)
+        return m
+
+    out = manifest_merge.merge([new, *kept], snapshot_id, meta.properties, read, write)
+    # Merged away (the new manifest, or a tier merged again in the same commit):
+    # nothing will reference them.
+    unused = [path for path, (m, _) in own.items() if all(m is not o for o in out)]
+    for path in unused:
+        written.remove(path)
+    _remove(tbl, unused)
+    return out
+
+
+def _write_manifest(
+    tbl: Table,
+    spec_id: int,
+    snapshot_id: int,
+    name: str,
+    codec: str,
+    entries: list[ManifestEntry],
+    written: list[str],
+) -> ManifestFile:
+    """Write ``entries`` (as they are: ADDED, EXISTING or DELETED) as manifest ``name``."""
+    meta = tbl.metadata
+    path = tbl.location_provider().new_metadata_location(name)
+    written.append(path)
+    with write_manifest(
+        format_version=meta.format_version,
+        spec=meta.specs()[spec_id],
+        schema=meta.schema(),
+        output_file=tbl.io.new_output(path),
+        snapshot_id=snapshot_id,
+        avro_compression=codec,  # type: ignore[arg-type]
+    ) as writer:
+        for entry in entries:
+            writer.add_entry(entry)
+    return writer.to_manifest_file()
+
+
 def _snapshot(
     tbl: Table, files: list[DataFile], properties: Mapping[str, str], written: list[str]
 ) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -288,31 +369,7 @@ def _snapshot(
     parent_id = parent.snapshot_id if parent is not None else None
     commit = uuid.uuid4()
     locations = tbl.location_provider()
-    manifest_path = locations.new_metadata_location(f"{commit}-m0.avro")
-    written.append(manifest_path)
-    with write_manifest(
-        format_version=meta.format_version,
-        spec=spec,
-        schema=schema,
-        output_file=tbl.io.new_output(manifest_path),
-        snapshot_id=snapshot_id,
-        avro_compression=codec,  # type: ignore[arg-type]
-    ) as manifest:
-        for data_file in files:
-            manifest.add(
-                ManifestEntry.from_args(
-                    status=ManifestEntryStatus.ADDED,
-                    snapshot_id=snapshot_id,
-                    sequence_number=None,
-                    file_sequence_number=None,
-                    data_file=data_file,
-                )
-            )
-    manifests: list[ManifestFile] = [manifest.to_manifest_file()]
-    if parent is not None:
-        manifests += [
-            m for m in parent.manifests(io=tbl.io) if m.has_added_files() or m.has_existing_files()
-        ]
+    manifests = _manifests(tbl, files, snapshot_id, commit, codec, written)
     collector = SnapshotSummaryCollector(
         partition_summary_limit=int(
             meta.properties.get(
