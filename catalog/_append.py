@@ -32,7 +32,6 @@ transforms) go through pyiceberg's ``Table.append`` unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -56,7 +55,6 @@ from pyiceberg.manifest import (
     ManifestEntry,
     ManifestEntryStatus,
     ManifestFile,
-    write_manifest,
     write_manifest_list,
 )
 from pyiceberg.partitioning import PartitionFieldValue, PartitionKey, PartitionSpec
@@ -82,6 +80,7 @@ from pyiceberg.typedef import Record
 
 from catalog import manifest_merge, row_groups
 from catalog._sql_commit import commit as sql_commit
+from catalog.iceberg_files import remove_files, write_manifest_file
 
 __all__ = ["append"]
 
@@ -137,21 +136,15 @@ def append(
             files = pending.result()
         updates, requirements = _snapshot(tbl, files, snapshot_properties, written)
     except BaseException:
-        _remove(tbl, written)
+        remove_files(tbl, written)
         raise
     try:
         sql_commit(tbl, requirements, updates)  # updates tbl in place
     except CommitFailedException:
-        _remove(tbl, written)  # rejected: nothing references the files
+        remove_files(tbl, written)  # rejected: nothing references the files
         raise
     # Any other failure of the commit may have landed it: its files stay (an orphan
     # file is harmless, a missing one is not).
-
-
-def _remove(tbl: Table, paths: list[str]) -> None:
-    for path in paths:
-        with contextlib.suppress(Exception):
-            tbl.io.delete(path)
 
 
 def _partitions(
@@ -296,8 +289,8 @@ def _manifests(
         )
         for data_file in files
     ]
-    new = _write_manifest(
-        tbl, meta.default_spec_id, snapshot_id, f"{commit}-m0.avro", codec, entries, written
+    new = write_manifest_file(
+        tbl, f"{commit}-m0.avro", meta.default_spec_id, snapshot_id, codec, written, entries
     )
     if parent is None:
         return [new]
@@ -315,7 +308,7 @@ def _manifests(
 
     def write(spec_id: int, merged_entries: list[ManifestEntry]) -> ManifestFile:
         name = f"{commit}-m{len(own)}.avro"
-        m = _write_manifest(tbl, spec_id, snapshot_id, name, codec, merged_entries, written)
+        m = write_manifest_file(tbl, name, spec_id, snapshot_id, codec, written, merged_entries)
         own[written[-1]] = (m, merged_entries)
         return m
 
@@ -325,34 +318,8 @@ def _manifests(
     unused = [path for path, (m, _) in own.items() if all(m is not o for o in out)]
     for path in unused:
         written.remove(path)
-    _remove(tbl, unused)
+    remove_files(tbl, unused)
     return out
-
-
-def _write_manifest(
-    tbl: Table,
-    spec_id: int,
-    snapshot_id: int,
-    name: str,
-    codec: str,
-    entries: list[ManifestEntry],
-    written: list[str],
-) -> ManifestFile:
-    """Write ``entries`` (as they are: ADDED, EXISTING or DELETED) as manifest ``name``."""
-    meta = tbl.metadata
-    path = tbl.location_provider().new_metadata_location(name)
-    written.append(path)
-    with write_manifest(
-        format_version=meta.format_version,
-        spec=meta.specs()[spec_id],
-        schema=meta.schema(),
-        output_file=tbl.io.new_output(path),
-        snapshot_id=snapshot_id,
-        avro_compression=codec,  # type: ignore[arg-type]
-    ) as writer:
-        for entry in entries:
-            writer.add_entry(entry)
-    return writer.to_manifest_file()
 
 
 def _snapshot(

@@ -45,6 +45,8 @@ from pyiceberg.manifest import (
 from pyiceberg.table import TableProperties
 from pyiceberg.utils.properties import property_as_bool, property_as_int
 
+from catalog.iceberg_files import existing_entry
+
 __all__ = ["MIN_COUNT_DEFAULT", "merge", "merge_count", "policy"]
 
 #: The fan-in F: manifests of one tier merged into one of the next.
@@ -158,13 +160,5 @@ def _entries(group: list[ManifestFile], snapshot_id: int, read: ReadEntries) -> 
             if e.snapshot_id == snapshot_id and e.status == ManifestEntryStatus.ADDED:
                 out.append(e)  # this commit's own (sequence numbers still to inherit)
             elif e.status != ManifestEntryStatus.DELETED:
-                out.append(
-                    ManifestEntry.from_args(
-                        status=ManifestEntryStatus.EXISTING,
-                        snapshot_id=e.snapshot_id,
-                        sequence_number=e.sequence_number,
-                        file_sequence_number=e.file_sequence_number,
-                        data_file=e.data_file,
-                    )
-                )
+                out.append(existing_entry(e))
     return out
