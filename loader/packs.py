@@ -281,7 +281,16 @@ def read_pack_rows(
             extra={"sha256": pack, "event": "pack_unpackable"},
         )
         return dict.fromkeys(rows, UNPACKABLE)
-    out, failed = _read_all(held, path, pack, rows, cols, buffer)
+    try:
+        out, failed = _read_all(held, path, pack, rows, cols, buffer)
+    except FileNotFoundError:
+        if proof is None:
+            raise
+        # Another part of the node dropped this cached copy (a member of it failed
+        # there) between our lease and our open: a failed proof, so fetch it again.
+        held.prove(proof)  # False: the file is gone; returns our lease
+        path, proof = held.path(pack, size, fetch), None
+        out, failed = _read_all(held, path, pack, rows, cols, buffer)
     if failed and proof is not None and not held.prove(proof):
         # The cached copy was at fault (dropped): read those rows from a fresh download.
         path = held.path(pack, size, fetch)
