@@ -53,7 +53,6 @@ from pyiceberg.manifest import (
     DataFileContent,
     FileFormat,
     ManifestEntry,
-    ManifestEntryStatus,
     ManifestFile,
     write_manifest_list,
 )
@@ -80,7 +79,7 @@ from pyiceberg.typedef import Record
 
 from catalog import manifest_merge, row_groups
 from catalog._sql_commit import commit as sql_commit
-from catalog.iceberg_files import remove_files, write_manifest_file
+from catalog.iceberg_files import added_entry, remove_files, write_manifest_file
 
 __all__ = ["append"]
 
@@ -279,16 +278,7 @@ def _manifests(
     merged by :func:`catalog.manifest_merge.merge` (which bounds their number)."""
     meta = tbl.metadata
     parent = meta.snapshot_by_name(MAIN_BRANCH)
-    entries = [
-        ManifestEntry.from_args(
-            status=ManifestEntryStatus.ADDED,
-            snapshot_id=snapshot_id,
-            sequence_number=None,
-            file_sequence_number=None,
-            data_file=data_file,
-        )
-        for data_file in files
-    ]
+    entries = [added_entry(snapshot_id, data_file) for data_file in files]
     new = write_manifest_file(
         tbl, f"{commit}-m0.avro", meta.default_spec_id, snapshot_id, codec, written, entries
     )

@@ -8,10 +8,27 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable
 
-from pyiceberg.manifest import ManifestEntry, ManifestEntryStatus, ManifestFile, write_manifest
+from pyiceberg.manifest import (
+    DataFile,
+    ManifestEntry,
+    ManifestEntryStatus,
+    ManifestFile,
+    write_manifest,
+)
 from pyiceberg.table import Table
 
-__all__ = ["existing_entry", "remove_files", "write_manifest_file"]
+__all__ = ["added_entry", "existing_entry", "remove_files", "write_manifest_file"]
+
+
+def added_entry(snapshot_id: int, f: DataFile) -> ManifestEntry:
+    """``f`` as added by ``snapshot_id`` (its sequence numbers inherited at commit)."""
+    return ManifestEntry.from_args(
+        status=ManifestEntryStatus.ADDED,
+        snapshot_id=snapshot_id,
+        sequence_number=None,
+        file_sequence_number=None,
+        data_file=f,
+    )
 
 
 def existing_entry(e: ManifestEntry) -> ManifestEntry:

@@ -68,7 +68,7 @@ from catalog._append import _key, _write_data_file
 from catalog.coerce import conform
 from catalog.erase.records import attempt_keys, get_record, put_once, record_key
 from catalog.errors import Conflict, StorageError
-from catalog.iceberg_files import existing_entry, remove_files, write_manifest_file
+from catalog.iceberg_files import added_entry, existing_entry, remove_files, write_manifest_file
 from catalog.objects.base import ObjectStore
 
 __all__ = ["TableErasure", "erase_rows"]
@@ -331,16 +331,7 @@ def _commit_plan(
                 )
             )
     if new_files:
-        added = [
-            ManifestEntry.from_args(
-                status=ManifestEntryStatus.ADDED,
-                snapshot_id=snapshot_id,
-                sequence_number=None,
-                file_sequence_number=None,
-                data_file=f,
-            )
-            for f in new_files
-        ]
+        added = [added_entry(snapshot_id, f) for f in new_files]
         manifests.append(
             write_manifest_file(
                 tbl, f"{commit}-m0.avro", meta.default_spec_id, snapshot_id, codec, written, added

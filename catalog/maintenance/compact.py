@@ -27,7 +27,6 @@ from pyiceberg.manifest import (
     DataFile,
     ManifestContent,
     ManifestEntry,
-    ManifestEntryStatus,
     ManifestFile,
     write_manifest_list,
 )
@@ -43,7 +42,7 @@ from pyiceberg.table.snapshots import (
 from pyiceberg.table.update import AddSnapshotUpdate, AssertRefSnapshotId, SetSnapshotRefUpdate
 
 from catalog._append import _key, _write_data_file
-from catalog.iceberg_files import existing_entry, remove_files, write_manifest_file
+from catalog.iceberg_files import added_entry, existing_entry, remove_files, write_manifest_file
 
 __all__ = ["PROP_MAINTENANCE", "compact_table"]
 
@@ -178,7 +177,7 @@ def _commit(
             write_manifest_file(tbl, name, spec_id, snapshot_id, codec, written, group)
         )
     if added:
-        new = [_added(snapshot_id, f) for f in added]
+        new = [added_entry(snapshot_id, f) for f in added]
         name = f"{commit}-m0.avro"
         manifests.append(
             write_manifest_file(tbl, name, meta.default_spec_id, snapshot_id, codec, written, new)
@@ -215,16 +214,6 @@ def _commit(
     requirement = AssertRefSnapshotId(snapshot_id=current.snapshot_id, ref=MAIN_BRANCH)
     tbl.catalog.commit_table(tbl, (requirement,), (AddSnapshotUpdate(snapshot=snapshot), ref))
     return snapshot_id
-
-
-def _added(snapshot_id: int, f: DataFile) -> ManifestEntry:
-    return ManifestEntry.from_args(
-        status=ManifestEntryStatus.ADDED,
-        snapshot_id=snapshot_id,
-        sequence_number=None,
-        file_sequence_number=None,
-        data_file=f,
-    )
 
 
 def _summary(
