@@ -36,9 +36,6 @@ __all__ = [
     "BufferPool",
     "Outcome",
     "PartOut",
-    "PartResult",
-    "PartTask",
-    "Pending",
     "SharedMemory",
     "Step",
     "StepParts",
@@ -74,54 +71,6 @@ def outcome(fn: Callable[..., Any], *args: Any) -> Outcome:
         return None, exc
 
 
-class Pending(Protocol):
-    """A row's result to come: a Future, or a :class:`PartResult`."""
-
-    def result(self) -> Any: ...
-
-    def cancel(self) -> bool: ...
-
-
-class PartTask:
-    """One task that reads a part of a step, its result fetched from the Future once
-    for all its rows (a Future's ``result()`` takes its Condition: at 256 rows a step,
-    twice a row, that showed on the consuming thread)."""
-
-    __slots__ = ("_future", "_value")
-
-    def __init__(self, future: Future[list[tuple[Outcome, Outcome]]]) -> None:
-        self._future = future
-        self._value: list[tuple[Outcome, Outcome]] | None = None
-
-    def outcomes(self) -> list[tuple[Outcome, Outcome]]:
-        if self._value is None:
-            self._value = self._future.result()
-        return self._value
-
-    def cancel(self) -> bool:
-        return self._future.cancel()
-
-
-class PartResult:
-    """Row ``j`` of a :class:`PartTask`, whose task returns one ``(latent, embedding)``
-    :data:`Outcome` pair per row: one Future per part, not per row (a Future costs a
-    Condition and a lock, which shows at kilobyte samples)."""
-
-    __slots__ = ("_j", "_task", "_which")
-
-    def __init__(self, task: PartTask, j: int, which: int) -> None:
-        self._task, self._j, self._which = task, j, which
-
-    def result(self) -> Any:
-        value, exc = self._task.outcomes()[self._j][self._which]
-        if exc is not None:
-            raise exc
-        return value
-
-    def cancel(self) -> bool:
-        return self._task.cancel()
-
-
 #: What a part task returns: its rows' latent results and text-embedding results, in
 #: row order, and the exceptions of the rows that failed ({row in part: exception}).
 PartOut = tuple[list[Any], dict[int, BaseException], list[Any], dict[int, BaseException]]
@@ -130,9 +79,9 @@ PartOut = tuple[list[Any], dict[int, BaseException], list[Any], dict[int, BaseEx
 class StepParts:
     """A step's rows as the results of its part tasks, in row order.
 
-    One list of results a part, not one :class:`PartResult` a row: creating 512 of
-    them a 256-row step and calling each one's ``result()`` cost ~0.5 ms of the
-    consuming thread's GIL time at 16 KB samples (round 5's profile)."""
+    One Future a part and one list of results a part, not one object a row: creating
+    512 of those a 256-row step and calling each one's ``result()`` cost ~0.5 ms of
+    the consuming thread's GIL time at 16 KB samples (round 5's profile)."""
 
     __slots__ = ("_done", "_tasks")
 
@@ -351,8 +300,7 @@ class Step:
         table: Mapping[str, Sequence[Any]],
         captions: list[str | None],
         buffer: BatchBuffer,
-        latents: Sequence[Pending] | StepParts,
-        embeds: Sequence[Pending | None] = (),
+        parts: StepParts,
         erased: int = 0,
         corrupt: int = 0,
     ) -> None:
@@ -366,23 +314,13 @@ class Step:
         self.table = table
         self.captions = captions
         self.buffer = buffer
-        self.latents = latents
-        self.embeds = embeds
+        self.parts = parts
 
     def cancel(self) -> None:
-        if isinstance(self.latents, StepParts):
-            self.latents.cancel()
-            return
-        for f in [*self.latents, *self.embeds]:
-            if f is not None:
-                f.cancel()
+        self.parts.cancel()
 
     def assemble(self) -> dict[str, Any]:
-        parts, results = None, []
-        if isinstance(self.latents, StepParts):
-            parts, results = self.latents, self.latents.latents()
-        else:
-            results = [f.result() for f in self.latents]
+        results = self.parts.latents()
         n = len(results)
         # The common step: every row landed in the batch (one C-level count).
         landed = results.count(None) == n
@@ -412,10 +350,7 @@ class Step:
         batch["bucket"] = self.info.bucket
         batch["captions"] = self.captions
         batch["erased"] = self.erased
-        if parts:
-            embeds = parts.embeds()
-        else:
-            embeds = [f.result() if f is not None else None for f in self.embeds]
+        embeds = self.parts.embeds()
         if embeds.count(None) != len(embeds):
             batch["text_embeddings"] = _maybe_stack(embeds)
         self.corrupt += len(dropped)

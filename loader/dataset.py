@@ -447,7 +447,7 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
             for part in _parts(n, self.prefetch_threads)
         ]
         parts = StepParts(tasks)
-        return Step(info, rows, cols, cols["captions"], buffer, parts, (), erased, known)
+        return Step(info, rows, cols, cols["captions"], buffer, parts, erased, known)
 
     def _embedding_shas(self, got: Gathered, variants: NDArray[np.int64]) -> list[str | None]:
         """Each row's text embedding for its caption variant, None where it has none

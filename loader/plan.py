@@ -35,9 +35,10 @@ import contextlib
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -66,6 +67,9 @@ from manifests.format import (
     PLAN_SCHEMA,
 )
 from manifests.ipc import iter_batches
+
+#: What :meth:`PlanReader._placed` reads: an Arrow table or gathered lists.
+_Read = TypeVar("_Read", pa.Table, Gathered)
 
 __all__ = ["PlanReader", "StepInfo", "open_plan"]
 
@@ -291,16 +295,7 @@ class PlanReader:
         keys, names = self._checked(rows, columns)
         index = self._index
         schema = pa.schema([INDEX_SCHEMA.field(n) for n in names])
-        for _ in range(2):
-            table = gather(index, keys, names, schema)
-            if np.array_equal(table.column("row").to_numpy(), keys):
-                return table
-            if index._offsets is not None:
-                break
-            index.build_offsets()
-        raise IntegrityError(
-            f"index.arrow at {index.path}: rows are misplaced", path=str(index.path)
-        )
+        return self._placed(keys, lambda: gather(index, keys, names, schema))
 
     def index_rows(self, rows: NDArray[np.int64] | list[int], columns: list[str]) -> Gathered:
         """The index records of ``rows`` (columns ``columns``), in the order given, read
@@ -318,9 +313,21 @@ class PlanReader:
         lists = self._row_lists.get(tuple(names))
         if lists is None:
             lists = self._row_lists[tuple(names)] = RowLists(index, names)
+        return self._placed(keys, lambda: lists.gather(keys))
+
+    def _placed(self, keys: NDArray[np.int64], read: Callable[[], _Read]) -> _Read:
+        """``read()``, once the rows it read are ``keys``: a record batch not where the
+        equal-batches estimate put it makes the index build its true batch offsets and
+        read again, once.
+
+        Raises:
+            IntegrityError: the rows are misplaced with the true offsets too.
+        """
+        index = self._index
         for _ in range(2):
-            got = lists.gather(keys)
-            if np.array_equal(got.row, keys):
+            got = read()
+            placed = got.column("row").to_numpy() if isinstance(got, pa.Table) else got.row
+            if np.array_equal(placed, keys):
                 return got
             if index._offsets is not None:
                 break

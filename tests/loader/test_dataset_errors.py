@@ -49,12 +49,10 @@ def test_a_latent_that_does_not_fit_its_bucket_names_its_clip() -> None:
     )
     buffer = BatchBuffer(2, None)
     assert buffer.slots(0, {"latent": (torch.float32, (2, 9, 3, 3))}) is not None
-    fits: Future[dict[str, torch.Tensor] | None] = Future()
-    fits.set_result(None)
-    misfit: Future[dict[str, torch.Tensor] | None] = Future()
-    misfit.set_result({"latent": torch.zeros(2, 4, 3, 3)})
+    part: Future[PartOut] = Future()
+    part.set_result(([None, {"latent": torch.zeros(2, 4, 3, 3)}], {}, [None, None], {}))
     table = {"clip_id": ["clip-a", "clip-b"], "object_sha256": ["aa" * 32, "bb" * 32]}
-    step = Step(info, np.array([10, 11]), table, [None, None], buffer, [fits, misfit], [None, None])
+    step = Step(info, np.array([10, 11]), table, [None, None], buffer, StepParts([part]))
     with pytest.raises(IntegrityError) as exc:
         step.assemble()
     assert (exc.value.clip_id, exc.value.object_sha256, exc.value.row) == ("clip-b", "bb" * 32, 11)
