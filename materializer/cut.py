@@ -203,7 +203,7 @@ def build_artifacts(
     report("pin", 1.0)
     selection = select(
         catalog, recipe, pin, progress=report, execution=execution,
-        coverage=recipe.min_coverage is not None,
+        coverage=recipe.min_coverage is not None, narrow=True,
     )  # fmt: skip
     try:
         check_min_coverage(recipe, selection.backfill)

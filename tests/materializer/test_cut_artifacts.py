@@ -181,3 +181,40 @@ def test_the_sorted_samples_are_dropped_once_scattered(
     assert alive == [False, False]
     one, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
     assert _digests(paths) == _digests(one)
+
+
+def test_the_one_process_cut_gathers_the_wide_columns_once(
+    lake: tuple[VidlakeCatalog, Path],
+    recipe: Recipe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Selection's sorted samples hold only the narrow columns it reads (the wide ones
+    stay in the query's rows until the scatter gathers them into manifest order), the
+    query's rows are dropped once gathered, and the artifacts equal those cut from the
+    full sorted samples (decision 063)."""
+    catalog, _ = lake
+    real_select = cut.select
+    seen: list[tuple[list[str], bool]] = []
+    selections: list[Selection] = []
+
+    def full(*args: Any, **kwargs: Any) -> Selection:
+        return real_select(*args, **{**kwargs, "narrow": False})
+
+    monkeypatch.setattr(cut, "select", full)
+    wide, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "wide"))
+
+    def narrow(*args: Any, **kwargs: Any) -> Selection:
+        selection = real_select(*args, **kwargs)
+        seen.append((selection.samples.column_names, selection.rows is not None))
+        selections.append(selection)
+        return selection
+
+    monkeypatch.setattr(cut, "select", narrow)
+    once, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "once"))
+    ((columns, has_rows),) = seen
+    assert has_rows
+    assert "object_sha256" not in columns and "captions" not in columns
+    assert {"rung", "clip_id", "stream", "_at"} <= set(columns)
+    assert selections[0].rows is None  # gathered, then dropped
+    assert _digests(once) == _digests(wide)
