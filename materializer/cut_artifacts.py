@@ -77,6 +77,8 @@ class Written:
     paths: dict[str, Path]
     summary: PlanSummary
     quality: dict[str, Any]
+    #: The samples' distinct asset ids, counted by the quality stage (None: not there).
+    assets: int | None = None
 
 
 #: Plans below this many rows are generated in one process even when the cut has an
@@ -179,7 +181,8 @@ def write_artifacts(
             report("lineage", 0.0)
             # The plan quality report (materializer/quality.py); a recipe threshold fails here.
             report("quality", 0.0)
-            quality_path, quality = cut_quality(recipe, plan_path, samples, out)
+            distinct: dict[str, int] = {}
+            quality_path, quality = cut_quality(recipe, plan_path, samples, out, distinct=distinct)
             report("quality", 1.0)
             if parts is None:
                 queued[0].result()
@@ -197,7 +200,7 @@ def write_artifacts(
         "index.arrow": index_path,
         LINEAGE_NAME: lineage_path,
     }
-    return Written(samples, paths, summary, quality)
+    return Written(samples, paths, summary, quality, distinct.get("asset_id"))
 
 
 #: What the streamed index and manifest read of the sorted samples, once scattered.

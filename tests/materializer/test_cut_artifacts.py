@@ -218,3 +218,39 @@ def test_the_one_process_cut_gathers_the_wide_columns_once(
     assert {"rung", "clip_id", "stream", "_at"} <= set(columns)
     assert selections[0].rows is None  # gathered, then dropped
     assert _digests(once) == _digests(wide)
+
+
+def test_the_snapshot_counts_assets_from_the_quality_codes(
+    lake: tuple[VidlakeCatalog, Path],
+    recipe: Recipe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The quality stage's asset codes give the snapshot its asset count (no second
+    hash of every asset id): the count equals a hash count of the manifest's ids,
+    with and without null ids."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from materializer.quality import plan_quality
+
+    catalog, _ = lake
+    given: list[int | None] = []
+    real_doc = cut.snapshot_doc
+
+    def doc(*args: Any, **kwargs: Any) -> Any:
+        given.append(kwargs.get("assets"))
+        return real_doc(*args, **kwargs)
+
+    monkeypatch.setattr(cut, "snapshot_doc", doc)
+    out = _mkdir(tmp_path / "cut")
+    paths, snapshot = build_artifacts(catalog, recipe, out)
+    manifest = pq.read_table(paths["manifest.parquet"])
+    assets = int(pc.count_distinct(manifest["asset_id"]).as_py())
+    assert given == [assets] and snapshot["counts"]["assets"] == assets > 1
+    ids = manifest["asset_id"].to_pylist()
+    nulled = pa.array([None if i % 3 == 0 else v for i, v in enumerate(ids)], pa.string())
+    samples = manifest.set_column(manifest.schema.get_field_index("asset_id"), "asset_id", nulled)
+    distinct: dict[str, int] = {}
+    plan_quality(paths["plan.arrow"], samples, recipe, distinct=distinct)
+    assert distinct["asset_id"] == int(pc.count_distinct(nulled).as_py())
