@@ -42,8 +42,10 @@ from catalog.errors import StorageError
 from catalog.scan_plan import ScanPlan, read_plan
 from materializer.clip_view import (
     ASSET_VERDICT_SQL,
+    ASSET_VERDICT_UNORDERED_SQL,
     ASSET_VIEW_PARAMS,
     ASSET_VIEW_SQL,
+    ASSET_VIEW_UNORDERED_SQL,
     EVAL_SETS_SQL,
 )
 
@@ -147,11 +149,15 @@ def asset_partition(tables: dict[str, pa.Table], shard: Shard) -> AssetPart:
     return AssetPart(evals.eval_ids, evals.eval_targets, view.num_rows)
 
 
-def asset_view(con: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table]) -> pa.Table:
-    """The asset view rows of ``tables`` (every one of :data:`ASSET_TABLES`), on ``con``."""
+def asset_view(
+    con: duckdb.DuckDBPyConnection, tables: dict[str, pa.Table], *, ordered: bool = True
+) -> pa.Table:
+    """The asset view rows of ``tables`` (every one of :data:`ASSET_TABLES`), on ``con``;
+    sorted by ``asset_id`` unless not ``ordered`` (the one-process cut only joins them)."""
     for name in ASSET_TABLES:
         con.register(f"raw_{name}", tables[name])
-    view = con.sql(ASSET_VIEW_SQL, params=ASSET_VIEW_PARAMS).to_arrow_table()
+    sql = ASSET_VIEW_SQL if ordered else ASSET_VIEW_UNORDERED_SQL
+    view = con.sql(sql, params=ASSET_VIEW_PARAMS).to_arrow_table()
     for name in ASSET_TABLES:
         con.unregister(f"raw_{name}")
     return view
@@ -169,13 +175,17 @@ def eval_sets(con: duckdb.DuckDBPyConnection, view: pa.Table) -> EvalSets:
     )
 
 
-def register_asset_view(con: duckdb.DuckDBPyConnection, view: pa.Table, evals: EvalSets) -> None:
+def register_asset_view(
+    con: duckdb.DuckDBPyConnection, view: pa.Table, evals: EvalSets, *, ordered: bool = True
+) -> None:
     """``raw_asset_view`` on ``con``: the asset view rows ``view`` with
-    ``eval_duplicate`` (by the catalog's ``evals``) and without the links."""
+    ``eval_duplicate`` (by the catalog's ``evals``) and without the links; sorted by
+    ``asset_id`` unless not ``ordered``."""
     con.register("av", view)
     for name, table in evals.tables().items():
         con.register(name, table)
-    con.execute(f"CREATE TEMP TABLE raw_asset_view AS {ASSET_VERDICT_SQL}")
+    sql = ASSET_VERDICT_SQL if ordered else ASSET_VERDICT_UNORDERED_SQL
+    con.execute(f"CREATE TEMP TABLE raw_asset_view AS {sql}")
     for name in ("av", *evals.tables()):
         con.unregister(name)
 

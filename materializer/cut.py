@@ -203,7 +203,7 @@ def build_artifacts(
     report("pin", 1.0)
     selection = select(
         catalog, recipe, pin, progress=report, execution=execution,
-        coverage=recipe.min_coverage is not None,
+        coverage=recipe.min_coverage is not None, narrow=True,
     )  # fmt: skip
     try:
         check_min_coverage(recipe, selection.backfill)
@@ -216,7 +216,9 @@ def build_artifacts(
     finally:
         selection.close()  # a partitioned selection's kept-sample files
     samples, summary, quality = written.samples, written.summary, written.quality
-    snapshot = snapshot_doc(recipe, pin, selection, samples, summary, clips=clips)
+    snapshot = snapshot_doc(
+        recipe, pin, selection, samples, summary, clips=clips, assets=written.assets
+    )
     snapshot.update(embedding_facts(recipe, pin, selection))
     record_repeats(snapshot, summary)
     snapshot["quality"] = quality_summary(quality)
@@ -314,10 +316,12 @@ def snapshot_doc(
     summary: PlanSummary,
     *,
     clips: int | None = None,
+    assets: int | None = None,
 ) -> dict[str, Any]:
     """snapshot.json of a cut, less what the registry and the later stages fill;
-    ``clips``, when given, is the distinct clips already counted
-    (:func:`sorted_distinct_clips`), else they are counted here."""
+    ``clips`` and ``assets``, when given, are the distinct clips and assets already
+    counted (:func:`sorted_distinct_clips`; the quality stage's asset codes), else
+    they are counted here."""
     keys = recipe.buckets.bucket_keys()
     plan = summary.to_dict()
     stream_names = selection.stream_names
@@ -362,7 +366,9 @@ def snapshot_doc(
             "candidates": selection.candidates,
             "samples": samples.num_rows,
             "clips": distinct_clips(samples) if clips is None else clips,
-            "assets": int(pc.count_distinct(samples["asset_id"]).as_py()),
+            "assets": (
+                int(pc.count_distinct(samples["asset_id"]).as_py()) if assets is None else assets
+            ),
             "samples_per_stream": {
                 n: int(c) for n, c in zip(stream_names, stream_counts, strict=True)
             },

@@ -33,6 +33,7 @@ from catalog.errors import InvalidRecipe
 from manifests.format import INDEX_SCHEMA, LINEAGE_NAME, QUALITY_NAME
 from manifests.ipc import write_table
 from materializer.executors import Executor, LocalExecutor
+from materializer.kept_rows import gather_scattered
 from materializer.memory import release_unused
 from materializer.partition_merge import (
     CHUNK_ROWS,
@@ -76,6 +77,8 @@ class Written:
     paths: dict[str, Path]
     summary: PlanSummary
     quality: dict[str, Any]
+    #: The samples' distinct asset ids, counted by the quality stage (None: not there).
+    assets: int | None = None
 
 
 #: Plans below this many rows are generated in one process even when the cut has an
@@ -119,8 +122,9 @@ def write_artifacts(
     scattered, the sorted rows are dropped, but for what the streaming reads (the
     partition, position and bucket), so the driver does not hold every kept row twice.
     """
-    selected, parts = selection.samples, selection.parts
+    selected, parts, query_rows = selection.samples, selection.parts, selection.rows
     selection.samples = selected.schema.empty_table()  # a slice would keep the buffers
+    selection.rows = None  # the query's rows go once gathered into manifest order
     n = selected.num_rows
     order = pa.array(scatter_order(n, recipe.seed))
     report("plan", 0.0)
@@ -150,7 +154,12 @@ def write_artifacts(
         planned = side.submit(plan)
         try:
             report("scatter", 0.0)
-            samples = with_rows(row_columns(selected, parts).take(order))
+            if query_rows is not None:
+                # The wide columns, gathered once: straight into manifest order.
+                samples = with_rows(gather_scattered(query_rows, selected, order))
+                del query_rows
+            else:
+                samples = with_rows(row_columns(selected, parts).take(order))
             selected = selected.select(list(_STREAM_COLUMNS) if parts is not None else [])
             release_unused()  # the sorted rows, the merge's and the plan inputs' temporaries
             report("scatter", 1.0)
@@ -172,7 +181,8 @@ def write_artifacts(
             report("lineage", 0.0)
             # The plan quality report (materializer/quality.py); a recipe threshold fails here.
             report("quality", 0.0)
-            quality_path, quality = cut_quality(recipe, plan_path, samples, out)
+            distinct: dict[str, int] = {}
+            quality_path, quality = cut_quality(recipe, plan_path, samples, out, distinct=distinct)
             report("quality", 1.0)
             if parts is None:
                 queued[0].result()
@@ -190,7 +200,7 @@ def write_artifacts(
         "index.arrow": index_path,
         LINEAGE_NAME: lineage_path,
     }
-    return Written(samples, paths, summary, quality)
+    return Written(samples, paths, summary, quality, distinct.get("asset_id"))
 
 
 #: What the streamed index and manifest read of the sorted samples, once scattered.

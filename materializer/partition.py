@@ -62,6 +62,7 @@ from materializer.coverage import (
 )
 from materializer.executors import Executor
 from materializer.gather import take_wide
+from materializer.kept_rows import sorted_narrow
 from materializer.key_order import rung_clip_order
 from materializer.memory import release_unused
 from materializer.partition_merge import (
@@ -140,6 +141,9 @@ class Candidates:
             ``kept`` holds only the driver columns (:mod:`materializer.partition_merge`).
         parts: The merged candidates' partition files, when ``kept`` holds only the
             driver columns with ``_part`` and ``_pos``; the caller closes it.
+        rows: The query's rows, every candidate (unsorted, without ``drop_reason``
+            and the flags), when ``kept`` holds only the narrow columns asked for
+            with each row's position in them (:mod:`materializer.kept_rows`).
     """
 
     kept: pa.Table
@@ -150,6 +154,7 @@ class Candidates:
     backfill: BackfillCoverage | None = None
     spill: str | None = None
     parts: KeptParts | None = None
+    rows: pa.Table | None = None
 
 
 def bucket_bounds(p: int, partitions: int) -> tuple[str | None, str | None]:
@@ -165,8 +170,12 @@ def bucket_of(clip_id: str, partitions: int) -> int:
     return int(clip_id[:8], 16) * partitions // _SPACE
 
 
-def candidates_of(table: pa.Table, num_streams: int, eval_ids: list[str]) -> Candidates:
-    """The clip view query's rows reduced to :class:`Candidates`."""
+def candidates_of(
+    table: pa.Table, num_streams: int, eval_ids: list[str], narrow: tuple[str, ...] = ()
+) -> Candidates:
+    """The clip view query's rows reduced to :class:`Candidates`; with ``narrow``, the
+    kept rows sorted hold only those columns and their position in ``rows`` (the
+    one-process cut gathers the wide columns once, in manifest order: decision 063)."""
     drops: dict[str, int] = {}
     reasons = table["drop_reason"]
     for item in pc.value_counts(reasons.drop_null()).to_pylist():
@@ -177,13 +186,11 @@ def candidates_of(table: pa.Table, num_streams: int, eval_ids: list[str]) -> Can
         for i in range(num_streams)
     ]
     flags = [f"_match_{i}" for i in range(num_streams)]
-    return Candidates(
-        _kept_sorted(table.drop_columns(["drop_reason", *flags]), pc.is_null(reasons)),
-        drops,
-        counts,
-        table.num_rows,
-        eval_ids,
-    )
+    rows, keep = table.drop_columns(["drop_reason", *flags]), pc.is_null(reasons)
+    if narrow:
+        kept = sorted_narrow(rows, keep, narrow)
+        return Candidates(kept, drops, counts, table.num_rows, eval_ids, rows=rows)
+    return Candidates(_kept_sorted(rows, keep), drops, counts, table.num_rows, eval_ids)
 
 
 def _kept_sorted(table: pa.Table, keep: pa.ChunkedArray) -> pa.Table:
@@ -222,27 +229,33 @@ class ViewQuery:
 
 
 def query_candidates(
-    query: ViewQuery, tables: dict[str, pa.Table], evals: EvalSets | None = None
+    query: ViewQuery,
+    tables: dict[str, pa.Table],
+    evals: EvalSets | None = None,
+    narrow: tuple[str, ...] = (),
 ) -> Candidates:
     """The clip view over ``tables``, reduced. ``tables`` are the clip tables of
     :data:`SCAN_COLUMNS` and either ``asset_rows`` (the asset view rows of the clips'
     assets, :mod:`materializer.asset_side`) with the catalog's ``evals``, or, for the
-    plain cut, the raw asset tables (the asset view is computed here from all of them)."""
+    plain cut, the raw asset tables (the asset view is computed here from all of them).
+    ``narrow``: see :func:`candidates_of`."""
     con = duckdb.connect(":memory:", config={"threads": 2})
     try:
+        # The plain cut only joins the asset view: no sort (a shard's must be sorted).
+        ordered = evals is not None
         if evals is None:
-            view = asset_view(con, tables)
+            view = asset_view(con, tables, ordered=False)
             evals = eval_sets(con, view)
         else:
             view = tables["asset_rows"]
-        register_asset_view(con, view, evals)
+        register_asset_view(con, view, evals, ordered=ordered)
         for name in CLIP_TABLES:
             con.register(f"raw_{name}", tables[name])
         table = con.sql(query.sql, params=query.params).to_arrow_table()
         eval_ids = [r[0] for r in con.sql(EVAL_CLIPS_SQL).fetchall()]
     finally:
         con.close()
-    found = candidates_of(table, query.num_streams, eval_ids)
+    found = candidates_of(table, query.num_streams, eval_ids, narrow)
     if query.coverage is not None:
         found.backfill = backfill_coverage(query.coverage, table)
     return found

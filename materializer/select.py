@@ -90,6 +90,9 @@ class Selection:
         parts: A partitioned selection's kept-sample files: ``samples`` then holds
             only the columns a cut's driver reads (:mod:`materializer.partition_merge`)
             and the caller removes the files (:meth:`close`).
+        rows: A narrow one-process selection's query rows (every candidate, unsorted):
+            ``samples`` then holds only the columns selection reads and each row's
+            position in ``rows`` (:mod:`materializer.kept_rows`).
     """
 
     samples: pa.Table
@@ -100,6 +103,7 @@ class Selection:
     centroids: CentroidSet | None = None
     backfill: BackfillCoverage | None = None
     parts: KeptParts | None = None
+    rows: pa.Table | None = None
 
     def close(self) -> None:
         """Remove a partitioned selection's kept-sample files (else nothing)."""
@@ -115,6 +119,7 @@ def select(
     progress: Progress | None = None,
     execution: Execution | None = None,
     coverage: bool = True,
+    narrow: bool = False,
 ) -> Selection:
     """Evaluate ``recipe`` against the catalog at ``pin``.
 
@@ -128,12 +133,15 @@ def select(
             The selection does not depend on it.
         coverage: Compute the backfill coverage (``Selection.backfill``; a cut needs
             it only for a ``min_coverage`` gate).
+        narrow: In one process, return the sorted samples as only the columns
+            selection reads, the rest in ``Selection.rows`` (a cut gathers them once,
+            in manifest order: :mod:`materializer.kept_rows`).
 
     A partitioned selection's samples hold only the columns a cut's driver reads,
     the rest in files the caller removes (:meth:`Selection.close`).
     """
     report = progress or (lambda stage, fraction: None)
-    found = _candidates(catalog, recipe, pin, report, execution, coverage=coverage)
+    found = _candidates(catalog, recipe, pin, report, execution, coverage=coverage, narrow=narrow)
     try:
         return _selected(catalog, recipe, pin, found, report)
     except BaseException:
@@ -183,6 +191,7 @@ def _selected(
         centroids=centroids,
         backfill=found.backfill,
         parts=found.parts,
+        rows=found.rows,
     )
 
 
@@ -225,8 +234,10 @@ def _candidates(
     execution: Execution | None,
     *,
     coverage: bool = True,
+    narrow: bool = False,
 ) -> Candidates:
-    """The clip view's rows reduced to the kept samples and the counts selection needs."""
+    """The clip view's rows reduced to the kept samples and the counts selection needs
+    (with ``narrow``, in one process, the sorted samples' narrow columns: :func:`select`)."""
     filters = _row_filters(recipe)
 
     def scan(name: str) -> pa.Table:
@@ -250,7 +261,19 @@ def _candidates(
         tables[name] = scan(name)
         report("scan", (i + 1) / len(SCAN_COLUMNS))
     report("join", 0.0)
-    return query_candidates(ViewQuery.of(recipe, coverage=coverage), tables)
+    columns = narrow_columns(recipe) if narrow else ()
+    return query_candidates(ViewQuery.of(recipe, coverage=coverage), tables, narrow=columns)
+
+
+def narrow_columns(recipe: Recipe) -> tuple[str, ...]:
+    """What selection reads of its sorted samples (later drops, buckets, streams, the
+    phase gate, pools, the clip count) and the plan reads of them."""
+    names = ["rung", "clip_id", "tier", "stream", "tokens", "latent_frames", "aspect"]
+    if recipe.tensor_keys:
+        names.append("tensor_keys")
+    if recipe.semantic_dedup is not None:
+        names.append(f"score_{recipe.semantic_dedup.rank_by}")
+    return tuple(names)
 
 
 def _remote(executor: Executor) -> bool:

@@ -247,3 +247,117 @@ def test_the_asset_view_keeps_one_row_of_a_repeated_asset() -> None:
     assert view.num_rows == len(set(ids)) < len(ids)
     assert view["asset_id"].to_pylist() == reference["asset_id"].to_pylist()
     assert view["probe_bitrate"].to_pylist() == reference["probe_bitrate"].to_pylist()
+
+
+def _asset_tables(rng: np.random.Generator) -> dict[str, pa.Table]:
+    """Asset scans (some ids repeated, some tombstoned, quarantined or eval) as a cut
+    sees them."""
+    from catalog.tables import TABLES, arrow_schema
+
+    ids = [f"{i:064x}" for i in rng.integers(0, 400, 600)]
+    schema = arrow_schema(TABLES["assets"].schema)
+    assets = pa.table(
+        {
+            "asset_id": ids,
+            "source": [f"s{int(i, 16) % 3}" for i in ids],
+            "source_tier": ["crawl"] * len(ids),
+            "license_id": ["lic"] * len(ids),
+            "territory": ["US"] * len(ids),
+            "pii_class": [None] * len(ids),
+            "probe_codec": ["h264"] * len(ids),
+            "probe_bitrate": [int(i, 16) for i in ids],
+            "split": ["eval" if int(i, 16) % 17 == 0 else "train" for i in ids],
+            "duplicate_of": [ids[0] if int(i, 16) % 13 == 0 else None for i in ids],
+            "near_duplicates": [[ids[1]] if int(i, 16) % 11 == 0 else None for i in ids],
+        }
+    ).cast(pa.schema([schema.field(c) for c in SCAN_COLUMNS["assets"]]))
+    tombstones = pa.table({"asset_id": ids[::7], "kind": ["takedown"] * len(ids[::7])})
+    events = pa.table(
+        {
+            "asset_id": ids[::5],
+            "event": ["quarantined"] * len(ids[::5]),
+            "at": [T0] * len(ids[::5]),
+        }
+    )
+    return {
+        "assets": assets,
+        "tombstones": tombstones.cast(
+            pa.schema(
+                [arrow_schema(TABLES["tombstones"].schema).field(c) for c in ("asset_id", "kind")]
+            )
+        ),
+        "asset_events": events.cast(
+            pa.schema(
+                [
+                    arrow_schema(TABLES["asset_events"].schema).field(c)
+                    for c in ("asset_id", "event", "at")
+                ]
+            )
+        ),
+    }
+
+
+def test_the_unordered_asset_view_holds_the_same_rows_and_sorts_nothing() -> None:
+    """The one-process cut's asset view and verdicts (no ``ORDER BY``: it only joins
+    them) hold exactly the sorted ones' rows, and their plans have no sort."""
+    from materializer.asset_side import asset_view, eval_sets, register_asset_view
+    from materializer.clip_view import (
+        ASSET_VERDICT_UNORDERED_SQL,
+        ASSET_VIEW_PARAMS,
+        ASSET_VIEW_UNORDERED_SQL,
+    )
+
+    tables = _asset_tables(np.random.default_rng(63))
+    views = []
+    for ordered in (True, False):
+        con = duckdb.connect()
+        view = asset_view(con, tables, ordered=ordered)
+        register_asset_view(con, view, eval_sets(con, view), ordered=ordered)
+        verdicts = con.sql("SELECT * FROM raw_asset_view").to_arrow_table()
+        views.append((view.sort_by("asset_id"), verdicts.sort_by("asset_id")))
+        if not ordered:
+            for name in ("assets", "tombstones", "asset_events"):
+                con.register(f"raw_{name}", tables[name])
+            for name, table in eval_sets(con, view).tables().items():
+                con.register(name, table)
+            con.register("av", view)  # after eval_sets, which unregisters it
+            for sql, params in (
+                (ASSET_VIEW_UNORDERED_SQL, ASSET_VIEW_PARAMS),
+                (ASSET_VERDICT_UNORDERED_SQL, {}),
+            ):
+                plan = json.loads(
+                    con.execute(f"EXPLAIN (FORMAT json) {sql}", params).fetchall()[0][1]
+                )
+                names = [op[0] for root in plan for op in _operators(root)]
+                assert "ORDER_BY" not in names and "TOP_N" not in names
+        con.close()
+    assert views[0][0].num_rows > 0 and views[0][1]["tombstoned"].to_pylist().count(True) > 0
+    assert views[0][0].equals(views[1][0]) and views[0][1].equals(views[1][1])
+
+
+def test_the_plain_cut_asks_for_the_asset_view_in_no_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``query_candidates`` without the catalog's eval sets (the one-process cut) reads
+    the asset view unordered; with them (a clip partition) as before."""
+    from materializer import partition
+
+    asked: list[object] = []
+    real_view, real_register = partition.asset_view, partition.register_asset_view
+
+    def view(*args: Any, **kwargs: Any) -> pa.Table:
+        asked.append(("view", kwargs.get("ordered", True)))
+        return real_view(*args, **kwargs)
+
+    def register(*args: Any, **kwargs: Any) -> None:
+        asked.append(("verdicts", kwargs.get("ordered", True)))
+        real_register(*args, **kwargs)
+
+    monkeypatch.setattr(partition, "asset_view", view)
+    monkeypatch.setattr(partition, "register_asset_view", register)
+    from catalog.tables import TABLES, arrow_schema
+
+    recipe = load_recipe(small_corpus_demo())
+    tables = _asset_tables(np.random.default_rng(5))
+    for name in ("clips", "latents", "scores", "captions"):
+        tables[name] = arrow_schema(TABLES[name].schema).empty_table().select(SCAN_COLUMNS[name])
+    partition.query_candidates(partition.ViewQuery.of(recipe, coverage=False), tables)
+    assert asked == [("view", False), ("verdicts", False)]

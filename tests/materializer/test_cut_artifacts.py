@@ -181,3 +181,76 @@ def test_the_sorted_samples_are_dropped_once_scattered(
     assert alive == [False, False]
     one, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
     assert _digests(paths) == _digests(one)
+
+
+def test_the_one_process_cut_gathers_the_wide_columns_once(
+    lake: tuple[VidlakeCatalog, Path],
+    recipe: Recipe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Selection's sorted samples hold only the narrow columns it reads (the wide ones
+    stay in the query's rows until the scatter gathers them into manifest order), the
+    query's rows are dropped once gathered, and the artifacts equal those cut from the
+    full sorted samples (decision 063)."""
+    catalog, _ = lake
+    real_select = cut.select
+    seen: list[tuple[list[str], bool]] = []
+    selections: list[Selection] = []
+
+    def full(*args: Any, **kwargs: Any) -> Selection:
+        return real_select(*args, **{**kwargs, "narrow": False})
+
+    monkeypatch.setattr(cut, "select", full)
+    wide, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "wide"))
+
+    def narrow(*args: Any, **kwargs: Any) -> Selection:
+        selection = real_select(*args, **kwargs)
+        seen.append((selection.samples.column_names, selection.rows is not None))
+        selections.append(selection)
+        return selection
+
+    monkeypatch.setattr(cut, "select", narrow)
+    once, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "once"))
+    ((columns, has_rows),) = seen
+    assert has_rows
+    assert "object_sha256" not in columns and "captions" not in columns
+    assert {"rung", "clip_id", "stream", "_at"} <= set(columns)
+    assert selections[0].rows is None  # gathered, then dropped
+    assert _digests(once) == _digests(wide)
+
+
+def test_the_snapshot_counts_assets_from_the_quality_codes(
+    lake: tuple[VidlakeCatalog, Path],
+    recipe: Recipe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The quality stage's asset codes give the snapshot its asset count (no second
+    hash of every asset id): the count equals a hash count of the manifest's ids,
+    with and without null ids."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from materializer.quality import plan_quality
+
+    catalog, _ = lake
+    given: list[int | None] = []
+    real_doc = cut.snapshot_doc
+
+    def doc(*args: Any, **kwargs: Any) -> Any:
+        given.append(kwargs.get("assets"))
+        return real_doc(*args, **kwargs)
+
+    monkeypatch.setattr(cut, "snapshot_doc", doc)
+    out = _mkdir(tmp_path / "cut")
+    paths, snapshot = build_artifacts(catalog, recipe, out)
+    manifest = pq.read_table(paths["manifest.parquet"])
+    assets = int(pc.count_distinct(manifest["asset_id"]).as_py())
+    assert given == [assets] and snapshot["counts"]["assets"] == assets > 1
+    ids = manifest["asset_id"].to_pylist()
+    nulled = pa.array([None if i % 3 == 0 else v for i, v in enumerate(ids)], pa.string())
+    samples = manifest.set_column(manifest.schema.get_field_index("asset_id"), "asset_id", nulled)
+    distinct: dict[str, int] = {}
+    plan_quality(paths["plan.arrow"], samples, recipe, distinct=distinct)
+    assert distinct["asset_id"] == int(pc.count_distinct(nulled).as_py())

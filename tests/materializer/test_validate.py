@@ -305,3 +305,64 @@ def test_batch_pairs_equal_the_group_by_of_single_mixed_and_null_batches() -> No
         want = batch.group_by(["k", "v"]).aggregate([])
         assert got.schema == want.schema
         assert sorted(map(str, got.to_pylist())) == sorted(map(str, want.to_pylist()))
+
+
+def test_known_values_read_only_the_files_their_bounds_do_not_prove(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A data file whose manifest bounds prove its one (key, value) pair is not read;
+    a file of two pairs, or of one value longer than Iceberg's 16-character bounds,
+    is; the known values equal a group-by over every row."""
+    import datetime as dt
+
+    import catalog.scan_plan as scan_plan
+    from materializer.validate import known_values
+
+    catalog = VidlakeCatalog.open(CatalogConfig.embedded(tmp_path, eval_salt="03" * 16))
+    generate_corpus(catalog, assets=10, seed=4)
+    clips = catalog.scan("clips", columns=["clip_id"], include_eval=True)["clip_id"]
+    ids = clips.to_pylist()[:4]
+    now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+    def scores(names: list[str]) -> pa.Table:
+        return pa.table(
+            {
+                "clip_id": ids,
+                "filter_name": names,
+                "filter_version": ["9"] * len(ids),
+                "score": [0.5] * len(ids),
+                "computed_at": [now] * len(ids),
+            }
+        )
+
+    catalog.add_scores(scores(["aesthetic", "motion", "aesthetic", "motion"]))  # two pairs
+    catalog.add_scores(scores(["a_filter_name_of_24_chars"] * 4))  # bounds truncated
+    pin = catalog.pin()
+    read: dict[str, int] = {}
+    real = scan_plan.read_plan
+
+    def counted(plan: scan_plan.ScanPlan) -> pa.Table:
+        read[plan.table] = read.get(plan.table, 0) + plan.files
+        return real(plan)
+
+    monkeypatch.setattr(scan_plan, "read_plan", counted)
+    known = known_values(catalog, pin, embeddings=False)
+    files = {
+        t: scan_plan.plan_scan(catalog, t, pin, ["clip_id"]).files
+        for t in ("scores", "captions", "latents")
+    }
+    # Of the scores, only the two unproven files (the corpus's own, one pair each, not);
+    # the corpus writes some caption files of two kinds: those are read too.
+    assert read["scores"] == 2 and sum(read.values()) < sum(files.values())
+    for table, (key, value), got in (
+        ("scores", ("filter_name", "filter_version"), known.scores),
+        ("captions", ("caption_version", "kind"), known.captions),
+        ("latents", ("tokenizer_version", "rung"), known.latents),
+    ):
+        rows = catalog.scan(table, pin=pin, columns=[key, value], include_eval=True)
+        want: dict[str, set[str]] = {}
+        for k, v in zip(rows[key].to_pylist(), rows[value].to_pylist(), strict=True):
+            if k is not None and v is not None:
+                want.setdefault(k, set()).add(v)
+        assert got == {k: tuple(sorted(want[k])) for k in sorted(want)}
+    assert known.scores["a_filter_name_of_24_chars"] == ("9",) and "9" in known.scores["motion"]
