@@ -148,6 +148,34 @@ def test_a_warm_row_is_one_read_once_a_row_of_its_step_showed_the_layout(
     assert _stats(tmp_path / "node")["corrupt_refetches"] == 0
 
 
+def test_a_step_makes_its_one_read_layout_once_not_a_row_slot_dict_a_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm row's slots are slices of the step's one-read layout (loader.rowread
+    ``_one_read``), made once a step: the locked layout check and dict of every
+    tensor's row (``BatchBuffer.row_bytes``) is the header-first row's only."""
+    from loader.batch import BatchBuffer
+
+    snap = _snapshot(tmp_path)  # 2 steps of 8 rows, one thread
+    cold = _latents(snap, tmp_path / "node", prefetch_threads=1)
+    calls: list[int] = []
+    real = BatchBuffer.row_bytes
+
+    def counted(self: BatchBuffer, i: int, layout: Any) -> Any:
+        calls.append(i)
+        return real(self, i, layout)
+
+    for verify in (False, True):
+        forget_verified()
+        calls.clear()
+        monkeypatch.setattr(BatchBuffer, "row_bytes", counted)
+        warm = _latents(snap, tmp_path / "node", prefetch_threads=1, verify_hits=verify)
+        monkeypatch.undo()
+        assert calls == [0, 0], calls  # it was every row: 16
+        assert all(torch.equal(a, b) for a, b in zip(cold, warm, strict=True))
+    assert _stats(tmp_path / "node")["corrupt_refetches"] == 0
+
+
 def test_a_row_of_another_shape_but_the_same_size_still_fails_its_step(tmp_path: Path) -> None:
     from catalog.errors import IntegrityError
 
