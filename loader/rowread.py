@@ -205,10 +205,12 @@ def _read_as_the_step(
     fast = _one_read(buffer)
     if fast is None:
         return None
+    if size - fast.row <= 8:  # smaller than a row of the batch: a misfit, told apart
+        return None  # by the ordinary path (a negative bytearray raised ValueError here)
     views = [flat[i * n : (i + 1) * n] for flat, n in fast.flats]
     head = bytearray(size - fast.row)
     spare = bytearray(1)  # a byte past the end: a longer file fills it
-    if len(head) <= 8 or os.preadv(fd, [head, *views, spare], 0) != size:
+    if os.preadv(fd, [head, *views, spare], 0) != size:
         return None
     if head == fast.known and keys == fast.asked:
         return fast.known, views, True

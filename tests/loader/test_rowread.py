@@ -214,6 +214,28 @@ def test_a_known_header_read_in_one_go_still_honours_the_tensor_keys_asked(
     assert torch.equal(buffer.tensors["a"][1], torch.ones(2, 3))
 
 
+def test_a_smaller_row_after_the_step_learned_its_layout_is_a_misfit_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    """A file shorter than a row of the batch, read after a row taught the step its
+    one-read layout, goes the ordinary way and comes back as a misfit (the step then
+    fails naming both layouts); it raised ValueError (a negative header length)."""
+    from safetensors.torch import save_file
+
+    from loader.batch import BatchBuffer
+    from loader.rowread import _read
+
+    big, small = tmp_path / "big.safetensors", tmp_path / "small.safetensors"
+    save_file({"a": torch.ones(4, 9, 8, 8)}, str(big))
+    save_file({"a": torch.ones(1, 9, 8, 8)}, str(small))
+    buffer = BatchBuffer(2, None)
+    assert _read(str(big), big.stat().st_size, "m0", [], None, buffer, 0, False, False)[0]
+    assert buffer.whole_rows is not None
+    got = _read(str(small), small.stat().st_size, "m1", [], None, buffer, 1, False, False)
+    assert got == (False, None, None, False)
+    assert torch.equal(buffer.tensors["a"][0], torch.ones(4, 9, 8, 8))
+
+
 def _count_stats(monkeypatch: pytest.MonkeyPatch, under: Path) -> list[str]:
     """Record every ``os.stat`` / ``os.fstat`` of a cached object (the size checks)."""
     seen: list[str] = []
