@@ -244,6 +244,9 @@ class BatchBuffer:
         #: (the whole_rows it was made from, loader.packs' one-read layout of them):
         #: made once a step, shared by the step's pack readers.
         self.pack_layout: tuple[object, Any] | None = None
+        #: (the whole_rows it was made from, loader.rowread's one-read layout of them):
+        #: as ``pack_layout``, for rows that are one object each.
+        self.one_read: tuple[object, Any] | None = None
         self._flat: dict[str, memoryview] = {}
         self._lock = threading.Lock()
 
@@ -283,6 +286,12 @@ class BatchBuffer:
             n = len(flat) // self.rows
             out[k] = flat[i * n : (i + 1) * n]
         return out
+
+    def flats(self, names: Sequence[str]) -> list[tuple[memoryview, int]]:
+        """Tensors ``names`` of the batch, each as writable bytes of the whole batch
+        tensor with its bytes a row: a row's slots are then one slice each, with no lock
+        and no dict (what a reader of many rows of one layout wants)."""
+        return [(flat, len(flat) // self.rows) for flat in map(self._flat.__getitem__, names)]
 
     def _empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         if self.pool is None:

@@ -15,7 +15,9 @@ whole, the step's later rows are read in **one** ``preadv`` (header and tensors 
 the batch row at once, the header's length being what the file's size leaves), and
 the header read is checked to describe exactly that; anything else (another header,
 a misfit, a short read) is read again the ordinary way. At kilobyte samples a read
-syscall is a fair part of what a row costs. Without ``verify_hits`` that one read also
+syscall is a fair part of what a row costs. That one-read layout (the tensors' bytes
+in file order, as slices of the batch tensors) is made once a step, not once a row
+(:func:`_one_read`). Without ``verify_hits`` that one read also
 asks a spare byte past the row's end, so it tells whether the file is exactly its
 size: such a row is open, read, close, with no ``stat`` (a file of the wrong size is
 dropped and fetched again, as a failed stat check drops it).
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from typing import NamedTuple
 
 from catalog.errors import IntegrityError
 from loader.batch import BatchBuffer
@@ -101,29 +104,59 @@ def _read(
     spare byte, else an ``fstat``)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        what = f"safetensors latent {member}"
-        got = _read_as_the_step(fd, size, keys, frames, buffer, i, what)
+        got = _read_as_the_step(fd, size, keys, frames, buffer, i, member)
         if got is None:
-            got = _read_header_first(fd, size, keys, frames, buffer, i, what)
+            got = _read_header_first(fd, size, keys, frames, buffer, i, member)
             if got is None:
                 return False, None, None, False
-        header, dest, order, exact = got
+        header, whole, exact = got
         if sized and not exact:
             exact = os.fstat(fd).st_size == size
-        if not digest or not order:
+        if not digest or not whole:
             return True, None, None, exact
         h = hashlib.sha256(header)
-        for k in order:
-            h.update(dest[k])
+        for view in whole:
+            h.update(view)
         return True, h.hexdigest(), os.fstat(fd), exact
     finally:
         os.close(fd)
 
 
-#: (the header's bytes as read, the row's bytes per tensor, the tensor names in file
-#: order when the header and those bytes are the whole file, else ``[]``, whether the
-#: read saw the file end at exactly its size)
-_Got = tuple[bytes, dict[str, memoryview], list[str], bool]
+#: (the header's bytes as read, the row's bytes per tensor in file order when the
+#: header and those bytes are the whole file, else ``[]``, whether the read saw the
+#: file end at exactly its size)
+_Got = tuple[bytes, list[memoryview], bool]
+
+
+class _OneRead(NamedTuple):
+    """A step's one-read layout (:func:`_one_read`)."""
+
+    #: The header bytes of the row that taught it, and the tensor keys it asked.
+    known: bytes
+    asked: list[str]
+    #: The tensor names in file order, each's bytes as (the whole batch tensor, a row).
+    order: tuple[str, ...]
+    flats: list[tuple[memoryview, int]]
+    #: Bytes of a row's tensors (a file of ``size`` bytes has ``size - row`` of header).
+    row: int
+
+
+def _one_read(buffer: BatchBuffer) -> _OneRead | None:
+    """The step's one-read layout, once a row taught it (``buffer.whole_rows``): made
+    once a step and shared by its fetch threads, so a row's slots are a slice a tensor
+    (it was a locked layout check and a dict of every tensor's row, once a row)."""
+    taught = buffer.whole_rows
+    if taught is None or buffer.layout is None:
+        return None
+    cached = buffer.one_read
+    if cached is not None and cached[0] is taught:
+        fast: _OneRead = cached[1]
+        return fast
+    known, order, asked = taught
+    flats = buffer.flats(order)
+    fast = _OneRead(known, list(asked), order, flats, sum(n for _, n in flats))
+    buffer.one_read = (taught, fast)  # two threads may race here: both make the same
+    return fast
 
 
 def _read_header_first(
@@ -133,12 +166,12 @@ def _read_header_first(
     frames: int | None,
     buffer: BatchBuffer,
     i: int,
-    what: str,
+    member: str,
 ) -> _Got | None:
     """Read the header, then each tensor's bytes into row ``i``; None when the row's
     layout is not the batch's. A row that is its header and its tensors read whole
     teaches the step's later rows to do it in one read (:func:`_read_as_the_step`)."""
-    specs, header = safetensors_header_fd(fd, size, keys, what)
+    specs, header = safetensors_header_fd(fd, size, keys, f"safetensors latent {member}")
     layout = {k: (s.dtype, keep_frames(s.shape, frames)) for k, s in specs.items()}
     dest = buffer.row_bytes(i, layout)
     if dest is None:
@@ -150,7 +183,7 @@ def _read_header_first(
         order = []  # leading frames only: not the whole file
     if order:
         buffer.whole_rows = (header, tuple(order), tuple(keys))
-    return header, dest, order, False
+    return header, [dest[k] for k in order], False
 
 
 def _read_as_the_step(
@@ -160,31 +193,31 @@ def _read_as_the_step(
     frames: int | None,
     buffer: BatchBuffer,
     i: int,
-    what: str,
+    member: str,
 ) -> _Got | None:
     """Read row ``i`` in one ``preadv`` when an earlier row of the step was a file of
-    header then whole tensors (``buffer.whole_rows``): the header is what the file's
-    size leaves before the row's bytes. A header byte for byte that row's, with the
-    same tensor keys asked, describes the same tensors; another is checked to describe
+    header then whole tensors (:func:`_one_read`): the header is what the file's size
+    leaves before the row's bytes. A header byte for byte that row's, with the same
+    tensor keys asked, describes the same tensors; another is checked to describe
     exactly that (same tensors, dtypes, shapes, order, no gap). None when it does not
     or the read came up short: the caller reads the row the ordinary way, over
     whatever this wrote into its slot."""
-    taught, layout = buffer.whole_rows, buffer.layout
-    if taught is None or layout is None:
+    fast = _one_read(buffer)
+    if fast is None:
         return None
-    known, order, asked = taught
-    dest = buffer.row_bytes(i, layout)
-    if dest is None:  # never: the batch's own layout fits it
-        return None
-    head = bytearray(size - sum(len(dest[k]) for k in order))
+    if size - fast.row <= 8:  # smaller than a row of the batch: a misfit, told apart
+        return None  # by the ordinary path (a negative bytearray raised ValueError here)
+    views = [flat[i * n : (i + 1) * n] for flat, n in fast.flats]
+    head = bytearray(size - fast.row)
     spare = bytearray(1)  # a byte past the end: a longer file fills it
-    if len(head) <= 8 or os.preadv(fd, [head, *(dest[k] for k in order), spare], 0) != size:
+    if os.preadv(fd, [head, *views, spare], 0) != size:
         return None
-    if head == known and asked == tuple(keys):
-        return known, dest, list(order), True
+    if head == fast.known and keys == fast.asked:
+        return fast.known, views, True
     if int.from_bytes(head[:8], "little") != len(head) - 8:
         return None
     try:
+        what = f"safetensors latent {member}"
         specs = safetensors_header_specs(bytes(head[8:]), size, keys, what)
     except IntegrityError:
         return None  # the ordinary path reads it again and raises with the details
@@ -192,6 +225,6 @@ def _read_as_the_step(
     whole = {
         k: (s.dtype, s.shape) for k, s in specs.items() if keep_frames(s.shape, frames) == s.shape
     }
-    if whole != layout or whole_file_order(specs, len(header), size) != list(order):
+    if whole != buffer.layout or whole_file_order(specs, len(header), size) != list(fast.order):
         return None
-    return header, dest, list(order), True
+    return header, views, True

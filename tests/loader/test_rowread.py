@@ -148,6 +148,34 @@ def test_a_warm_row_is_one_read_once_a_row_of_its_step_showed_the_layout(
     assert _stats(tmp_path / "node")["corrupt_refetches"] == 0
 
 
+def test_a_step_makes_its_one_read_layout_once_not_a_row_slot_dict_a_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm row's slots are slices of the step's one-read layout (loader.rowread
+    ``_one_read``), made once a step: the locked layout check and dict of every
+    tensor's row (``BatchBuffer.row_bytes``) is the header-first row's only."""
+    from loader.batch import BatchBuffer
+
+    snap = _snapshot(tmp_path)  # 2 steps of 8 rows, one thread
+    cold = _latents(snap, tmp_path / "node", prefetch_threads=1)
+    calls: list[int] = []
+    real = BatchBuffer.row_bytes
+
+    def counted(self: BatchBuffer, i: int, layout: Any) -> Any:
+        calls.append(i)
+        return real(self, i, layout)
+
+    for verify in (False, True):
+        forget_verified()
+        calls.clear()
+        monkeypatch.setattr(BatchBuffer, "row_bytes", counted)
+        warm = _latents(snap, tmp_path / "node", prefetch_threads=1, verify_hits=verify)
+        monkeypatch.undo()
+        assert calls == [0, 0], calls  # it was every row: 16
+        assert all(torch.equal(a, b) for a, b in zip(cold, warm, strict=True))
+    assert _stats(tmp_path / "node")["corrupt_refetches"] == 0
+
+
 def test_a_row_of_another_shape_but_the_same_size_still_fails_its_step(tmp_path: Path) -> None:
     from catalog.errors import IntegrityError
 
@@ -184,6 +212,28 @@ def test_a_known_header_read_in_one_go_still_honours_the_tensor_keys_asked(
     assert not _read(paths[1], size, "m1", ["a"], None, buffer, 1, False, False)[0]
     assert _read(paths[1], size, "m1", [], None, buffer, 1, False, False)[0]
     assert torch.equal(buffer.tensors["a"][1], torch.ones(2, 3))
+
+
+def test_a_smaller_row_after_the_step_learned_its_layout_is_a_misfit_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    """A file shorter than a row of the batch, read after a row taught the step its
+    one-read layout, goes the ordinary way and comes back as a misfit (the step then
+    fails naming both layouts); it raised ValueError (a negative header length)."""
+    from safetensors.torch import save_file
+
+    from loader.batch import BatchBuffer
+    from loader.rowread import _read
+
+    big, small = tmp_path / "big.safetensors", tmp_path / "small.safetensors"
+    save_file({"a": torch.ones(4, 9, 8, 8)}, str(big))
+    save_file({"a": torch.ones(1, 9, 8, 8)}, str(small))
+    buffer = BatchBuffer(2, None)
+    assert _read(str(big), big.stat().st_size, "m0", [], None, buffer, 0, False, False)[0]
+    assert buffer.whole_rows is not None
+    got = _read(str(small), small.stat().st_size, "m1", [], None, buffer, 1, False, False)
+    assert got == (False, None, None, False)
+    assert torch.equal(buffer.tensors["a"][0], torch.ones(4, 9, 8, 8))
 
 
 def _count_stats(monkeypatch: pytest.MonkeyPatch, under: Path) -> list[str]:
