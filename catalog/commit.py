@@ -149,7 +149,7 @@ class Ingester:
             def alongside() -> None:
                 # The key index's sorted digests of the rows, while their file is
                 # written, not after the commit; then the plan's own check, if any.
-                prepared.update(self._index.prepare(name, rows))
+                prepared.update(self._index.prepare(name, rows, todo.digests))
                 if todo.verify is not None:
                     todo.verify()
 

@@ -36,7 +36,8 @@ from pyiceberg.table import Table
 
 from catalog import link_events, rules
 from catalog.errors import InvalidBatch
-from catalog.key_index import KeyStore, Matches
+from catalog.key_index import KeyStore, Matches, Prepared
+from catalog.key_index_rows import Packed, asset_clip_digests, packed_digests
 from catalog.keycache import combined, first_occurrence, latent_key, to_numpy
 from catalog.latent_headers import check_latent_headers, member_hashes, member_ranges
 from catalog.objects import ObjectStore
@@ -60,6 +61,9 @@ class Plan:
     #: before the commit (the Parquet write releases the GIL, so the two overlap): a
     #: clip batch's id re-derivation, a score or caption batch's clip references.
     verify: Callable[[], object] | None = None
+    #: Key-index digests of ``rows`` the plan already made, per view (own, asset-keyed),
+    #: each with its row in ``rows``: :meth:`KeyStore.prepare` does not make them again.
+    digests: Prepared | None = None
 
     def counts(self, inserted: int) -> dict[str, int]:
         """The result's counts when ``inserted`` rows commit."""
@@ -273,14 +277,20 @@ class Planner:
                     f"row {row}, field 'split': differs from the asset's", row=row, field="split"
                 )
         self._keys.sync("clips", tbl)
-        dup = self._keys.has("clips", ids, assets=batch["asset_id"])
+        # The clips' digests, made once: the duplicate check asks by the asset-keyed
+        # ones (sorted here, so that it does not sort them itself), and the key index's
+        # advance adds both kinds (KeyStore.prepare takes them from the plan).
+        own = packed_digests(ids)
+        by_asset = [g.sorted() for g in asset_clip_digests(batch["asset_id"], ids, own)]
+        dup = self._keys.has("clips", ids, assets=batch["asset_id"], digests=by_asset)
         dup |= ~first_occurrence(ids, rules.hex_prefix64(ids))
         rows = batch.drop_columns([c for c in ("clip_id", "split") if c in batch.column_names])
         rows = rows.append_column("clip_id", ids).append_column("split", split)
         if dup.any():
             rows = rows.filter(pa.array(~dup))
         n_eval = int(pc.sum(pc.equal(rows["split"], "eval")).as_py() or 0)
-        return Plan(rows, duplicates=int(dup.sum()), eval=n_eval)
+        digests = {"clips": (_kept(own, dup), _kept(by_asset, dup))}
+        return Plan(rows, duplicates=int(dup.sum()), eval=n_eval, digests=digests)
 
     def prepare_latents(self, batch: pa.Table) -> pa.Table:
         """The state-free latent checks, once per batch: each object exists and holds
@@ -346,6 +356,21 @@ class Planner:
             infos = [head(s) for s in names]
         sizes = np.array([-1 if i is None else i.size for i in infos], dtype=np.int64)
         return sizes[to_numpy(pc.index_in(shas, value_set=unique)).astype(np.int64)]
+
+
+def _kept(groups: list[Packed], dup: NDArray[np.bool_]) -> list[Packed]:
+    """``groups`` (digests of batch rows) without the rows ``dup`` drops, each digest
+    with its row among the rows kept (the order of each group is kept)."""
+    if not dup.any():
+        return groups
+    keep = ~dup
+    row_of = np.cumsum(keep) - 1  # a kept batch row's position among the kept
+    out = []
+    for group in groups:
+        picks = np.flatnonzero(keep[group.rows])
+        kept = group.take(picks)
+        out.append(Packed(kept.width, kept.data, row_of[kept.rows].astype(np.int64)))
+    return out
 
 
 def _links(

@@ -102,8 +102,8 @@ def test_the_key_digests_are_sorted_while_the_data_file_is_written(
     real_prepare, real_write = KeyStore.prepare, _append._write_data_file
     sorted_after: list[str] = []  # each time a batch's digests are sorted
 
-    def prepare(table: str, rows: pa.Table) -> Prepared:
-        out = real_prepare(table, rows)
+    def prepare(table: str, rows: pa.Table, known: Prepared | None = None) -> Prepared:
+        out = real_prepare(table, rows, known)
         prepared.set()
         return out
 
@@ -116,13 +116,61 @@ def test_the_key_digests_are_sorted_while_the_data_file_is_written(
         sorted_after.append("sorted")
         return real_groups(*args)
 
-    real_groups = key_index._sorted_groups
+    real_groups = key_index._sorted
     monkeypatch.setattr(KeyStore, "prepare", staticmethod(prepare))
     monkeypatch.setattr(_append, "_write_data_file", write)
     batch = _clips(assets, 20)
     assert cat.add_clips(batch).inserted == 20
-    monkeypatch.setattr(key_index, "_sorted_groups", groups)
+    monkeypatch.setattr(key_index, "_sorted", groups)
     assert cat.add_clips(_clips(assets, 20, start=20)).inserted == 20
     assert sorted_after == ["sorted"], "the digests were sorted twice (advance did it again)"
     # The index answers as before: every committed clip is a duplicate now.
-    assert cat.add_clips(_clips(assets, 40)).duplicates == 40
+    assert cat.add_clips(_clips(assets, 30)).duplicates == 30
+
+
+def test_a_clip_batchs_digests_are_made_once_for_its_check_and_its_commit(
+    cat: VidlakeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The plan's duplicate check makes the clips' digests; KeyStore.prepare takes them
+    # from the plan instead of deriving them from the committed rows again.
+    assets = _assets(5)["asset_id"].to_pylist()
+    cat.add_assets(_assets(5))
+    real_groups = key_index.view_groups
+
+    def view_groups(view: str, rows: pa.Table) -> Any:
+        assert view != "clips", "the clips' digests were made again for the commit"
+        return real_groups(view, rows)
+
+    monkeypatch.setattr(key_index, "view_groups", view_groups)
+    assert cat.add_clips(_clips(assets, 20)).inserted == 20
+    assert cat.add_clips(_clips(assets, 40)).inserted == 20  # the first 20 are duplicates
+    assert cat.add_clips(_clips(assets, 30)).duplicates == 30
+
+
+def test_the_plans_digests_are_those_of_the_rows_it_commits(
+    cat: VidlakeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assets = _assets(5)["asset_id"].to_pylist()
+    cat.add_assets(_assets(5))
+    cat.add_clips(_clips(assets, 10, start=5))
+    real_prepare = KeyStore.prepare
+    checked: list[int] = []
+
+    def prepare(table: str, rows: pa.Table, known: Prepared | None = None) -> Prepared:
+        got = real_prepare(table, rows, known)
+        want = real_prepare(table, rows)
+        assert known is not None and got.keys() == want.keys()
+        for view in want:
+            for mine, theirs in zip(got[view], want[view], strict=True):
+                assert [(g.width, g.data, g.rows.tolist()) for g in mine] == [
+                    (g.width, g.data, g.rows.tolist()) for g in theirs
+                ]
+        checked.append(rows.num_rows)
+        return got
+
+    monkeypatch.setattr(KeyStore, "prepare", staticmethod(prepare))
+    # Rows 5-14 are stored, and the batch names rows 20-24 twice: 15 + 5 duplicates.
+    batch = pa.concat_tables([_clips(assets, 30), _clips(assets, 5, start=20)])
+    result = cat.add_clips(batch)
+    assert (result.inserted, result.duplicates) == (20, 15)
+    assert checked == [20]
