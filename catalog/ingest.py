@@ -368,8 +368,8 @@ def _kept(groups: list[Packed], dup: NDArray[np.bool_]) -> list[Packed]:
     out = []
     for group in groups:
         picks = np.flatnonzero(keep[group.rows])
-        kept = group.take(picks)
-        out.append(Packed(kept.width, kept.data, row_of[kept.rows].astype(np.int64)))
+        data = np.frombuffer(group.data, f"V{group.width}")[picks].tobytes()
+        out.append(Packed(group.width, data, row_of[group.rows[picks]].astype(np.int64)))
     return out
 
 
