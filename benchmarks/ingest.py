@@ -64,6 +64,12 @@ a keyed batch's sorted index digests are made beside its data file's write
 (``KeyStore.prepare``, decision 056), and a duplicate check of new clips no longer copies
 their digests. Hashing the clip ids in DuckDB (partly off the GIL, 10 % less CPU) was
 tried a third time and dropped: its heavy-lock runs were slower than base.
+
+Round 7 (issue 16, decision 062): a clip batch's id SHA-256s are computed in a worker
+process (``catalog.hash_worker``; ``clip_id_s`` includes it), the duplicate check's
+digests are reused for ``advance``, and ``advance`` merges its held runs by their
+heads: the catalog's own CPU per clip batch fell, the total CPU (worker included) did
+not; on these 2 shared cores the ratio follows the total.
 """
 
 from __future__ import annotations

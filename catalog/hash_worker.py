@@ -107,6 +107,12 @@ class _Worker:
                 self._failures += 1
                 self._stop()
                 return None
+            except BaseException:
+                # Interrupted mid-request (KeyboardInterrupt): the worker may still
+                # answer it into the shared file, so it never serves another.
+                proc.kill()
+                self._stop()
+                raise
         finally:
             self._lock.release()
 

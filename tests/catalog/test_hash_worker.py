@@ -154,3 +154,24 @@ def test_a_forked_child_does_not_use_its_parents_worker() -> None:
     os.waitpid(pid, 0)
     assert hash_worker._WORKER._proc is parent
     assert hash_worker.sha256_prefixes(messages, 32) == _expected(messages, 32)
+
+
+def test_a_request_interrupted_midway_retires_its_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its answer may still land in the shared file: the next batch must not read it.
+    worker = hash_worker._Worker()
+    monkeypatch.setattr(hash_worker, "_WORKER", worker)
+    messages = _messages(hash_worker.MIN_ROWS)
+    hash_worker.sha256_prefixes(messages, 32)
+    first = worker._proc
+    real = hash_worker._exchange
+
+    def interrupted(*args: object) -> bytes:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(hash_worker, "_exchange", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        hash_worker.sha256_prefixes(messages, 32)
+    assert worker._proc is None and first is not None and first.returncode is not None
+    monkeypatch.setattr(hash_worker, "_exchange", real)
+    assert hash_worker.sha256_prefixes(messages, 32) == _expected(messages, 32)
+    worker.close()

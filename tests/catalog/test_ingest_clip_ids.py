@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from catalog import _append, ingest, key_index, rules
+from catalog import _append, ingest, key_index, key_index_rows, rules
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
 from catalog.errors import InvalidBatch, StorageError
@@ -135,7 +135,7 @@ def test_a_clip_batchs_digests_are_made_once_for_its_check_and_its_commit(
     # from the plan instead of deriving them from the committed rows again.
     assets = _assets(5)["asset_id"].to_pylist()
     cat.add_assets(_assets(5))
-    real_groups = key_index.view_groups
+    real_groups = key_index_rows.view_groups
 
     def view_groups(view: str, rows: pa.Table) -> Any:
         assert view != "clips", "the clips' digests were made again for the commit"
