@@ -89,6 +89,26 @@ def _side_check(check: Callable[[], object]) -> Future[object]:
     return done
 
 
+def _verified_ids(batch: pa.Table, given: pa.ChunkedArray | None) -> pa.Array:
+    """The rule's clip ids of ``batch``; InvalidBatch where a ``given`` one disagrees."""
+    computed = rules.clip_ids(
+        batch["asset_id"],
+        to_numpy(batch["t_start_s"]),
+        to_numpy(batch["t_end_s"]),
+        batch["split_version"],
+    )
+    if given is not None:
+        agree = pc.or_kleene(pc.is_null(given), pc.equal(given, computed))
+        if (row := first_bad(agree)) is not None:
+            raise InvalidBatch(
+                f"row {row}, field 'clip_id': {given[row]} is not rules.clip_id("
+                f"asset_id, t_start_s, t_end_s, split_version) = {computed[row]}",
+                row=row,
+                field="clip_id",
+            )
+    return computed
+
+
 def first_bad(mask: pa.ChunkedArray | pa.Array | NDArray[np.bool_]) -> int | None:
     """Index of the first False in a good-row mask (null counts as bad), or None."""
     good = mask if isinstance(mask, np.ndarray) else to_numpy(pc.fill_null(mask, False))
@@ -219,37 +239,33 @@ class Planner:
             return *none, None
         return _links(found, new, (bi, bj))
 
-    def plan_clips(self, batch: pa.Table, tbl: Table) -> Plan:
-        """Clips: ``clip_id`` is the rule's (computed when absent), then
-        :meth:`_plan_clip_rows`."""
+    def check_clip_ids(self, batch: pa.Table) -> Future[object] | None:
+        """Start re-deriving a clip batch's ids, when every one is given, on a side
+        thread: as soon as the batch is coerced, before its SHA-256 and key look-up,
+        so that the hashing (in a worker process for a large batch,
+        :mod:`catalog.hash_worker`) has the longest start on the planning. The caller
+        waits for it before it returns, whatever happens; :meth:`plan_clips` takes it."""
         given = batch["clip_id"] if "clip_id" in batch.column_names else None
-
-        def verify() -> pa.Array:
-            """The rule's clip ids; InvalidBatch where a given one disagrees."""
-            computed = rules.clip_ids(
-                batch["asset_id"],
-                to_numpy(batch["t_start_s"]),
-                to_numpy(batch["t_end_s"]),
-                batch["split_version"],
-            )
-            if given is not None:
-                agree = pc.or_kleene(pc.is_null(given), pc.equal(given, computed))
-                if (row := first_bad(agree)) is not None:
-                    raise InvalidBatch(
-                        f"row {row}, field 'clip_id': {given[row]} is not rules.clip_id("
-                        f"asset_id, t_start_s, t_end_s, split_version) = {computed[row]}",
-                        row=row,
-                        field="clip_id",
-                    )
-            return computed
-
         if given is None or given.null_count:
-            return self._plan_clip_rows(batch, tbl, verify())
-        # Every id is given: plan with them and re-derive every one on a side thread from
-        # now on, beside the planning and then the data file's write (the hashing holds
+            return None
+        return _side_check(lambda: _verified_ids(batch, given))
+
+    def plan_clips(
+        self, batch: pa.Table, tbl: Table, checking: Future[object] | None = None
+    ) -> Plan:
+        """Clips: ``clip_id`` is the rule's (computed when absent), then
+        :meth:`_plan_clip_rows`. ``checking``: :meth:`check_clip_ids` of the batch, if
+        started (else it starts here)."""
+        given = batch["clip_id"] if "clip_id" in batch.column_names else None
+        if given is None or given.null_count:
+            return self._plan_clip_rows(batch, tbl, _verified_ids(batch, given))
+        # Every id is given: plan with them while every one is re-derived on a side
+        # thread, beside the planning and then the data file's write (the hashing holds
         # the GIL; the key index's numpy searches and the Parquet write release it). A
         # wrong id still rejects the batch, and its error comes first, as if checked first.
-        checking = _side_check(verify)
+        if checking is None:
+            checking = self.check_clip_ids(batch)
+            assert checking is not None
         try:
             todo = self._plan_clip_rows(batch, tbl, combined(given))
         except BaseException as exc:

@@ -5,6 +5,7 @@ id still rejects the batch first, and no check outlives the call."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from catalog import _append, ingest, key_index, key_index_rows, rules
+from catalog import _append, idempotency, ingest, key_index, key_index_rows, rules
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
 from catalog.errors import InvalidBatch, StorageError
@@ -174,3 +175,39 @@ def test_the_plans_digests_are_those_of_the_rows_it_commits(
     result = cat.add_clips(batch)
     assert (result.inserted, result.duplicates) == (20, 15)
     assert checked == [20]
+
+
+def test_the_id_check_starts_before_the_batchs_sha256_and_never_outlives_the_call(
+    cat: VidlakeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assets = _assets(5)["asset_id"].to_pylist()
+    cat.add_assets(_assets(5))
+    started, finished = threading.Event(), threading.Event()
+    real_ids, real_sha = rules.clip_ids, idempotency.batch_sha256
+
+    def clip_ids(*args: Any) -> pa.Array:
+        started.set()
+        out = real_ids(*args)
+        time.sleep(0.2)  # a slow check: the call must still wait for it
+        finished.set()
+        return out
+
+    def batch_sha256(batch: pa.Table) -> str:
+        if "t_start_s" in batch.column_names:
+            assert started.wait(timeout=5), "the id check did not start before the SHA-256"
+        return real_sha(batch)
+
+    monkeypatch.setattr(rules, "clip_ids", clip_ids)
+    monkeypatch.setattr(idempotency, "batch_sha256", batch_sha256)
+    batch = _clips(assets, 20)
+    assert cat.add_clips(batch).inserted == 20
+    assert finished.is_set()
+    # A replay returns without planning, and still after the check it started.
+    started.clear()
+    finished.clear()
+    assert cat.add_clips(batch).replayed
+    assert finished.is_set()
+    # A wrong id is still rejected.
+    wrong = batch.set_column(0, "clip_id", pa.array(["0" * 32] * 20, pa.large_string()))
+    with pytest.raises(InvalidBatch, match="clip_id"):
+        cat.add_clips(wrong)
