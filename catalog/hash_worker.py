@@ -117,6 +117,9 @@ class _Worker:
             self._lock.release()
 
     def _start(self) -> subprocess.Popen[bytes] | None:
+        if not sys.executable or getattr(sys, "frozen", False):
+            self._failures = _MAX_FAILURES  # no interpreter to run the script with
+            return None
         try:
             self._fd = _shared_file()
             # -I -S: no site-packages, no PYTHONPATH: the script needs the stdlib only.

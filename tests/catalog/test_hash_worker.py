@@ -175,3 +175,13 @@ def test_a_request_interrupted_midway_retires_its_worker(monkeypatch: pytest.Mon
     monkeypatch.setattr(hash_worker, "_exchange", real)
     assert hash_worker.sha256_prefixes(messages, 32) == _expected(messages, 32)
     worker.close()
+
+
+def test_no_worker_without_an_interpreter_to_run_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A frozen application's sys.executable is the application itself.
+    worker = hash_worker._Worker()
+    monkeypatch.setattr(hash_worker, "_WORKER", worker)
+    monkeypatch.setattr(hash_worker.sys, "frozen", True, raising=False)
+    messages = _messages(hash_worker.MIN_ROWS)
+    assert hash_worker.sha256_prefixes(messages, 32) == _expected(messages, 32)
+    assert worker._proc is None
