@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import warnings
 
 import numpy as np
 import pyarrow as pa
@@ -141,7 +142,9 @@ def test_a_forked_child_does_not_use_its_parents_worker() -> None:
     hash_worker.sha256_prefixes(messages, 32)  # the parent's worker is up
     parent = hash_worker._WORKER._proc
     read, write = os.pipe()
-    pid = os.fork()
+    with warnings.catch_warnings():  # 3.12+ warns of forking beside threads; the child
+        warnings.simplefilter("ignore", DeprecationWarning)  # below uses none of them
+        pid = os.fork()
     if pid == 0:  # the child: answers right, from a worker of its own or here
         ok = hash_worker._WORKER._proc is None and hash_worker.sha256_prefixes(
             messages, 32
