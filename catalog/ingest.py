@@ -260,9 +260,10 @@ class Planner:
         if given is None or given.null_count:
             return self._plan_clip_rows(batch, tbl, _verified_ids(batch, given))
         # Every id is given: plan with them while every one is re-derived on a side
-        # thread, beside the planning and then the data file's write (the hashing holds
-        # the GIL; the key index's numpy searches and the Parquet write release it). A
-        # wrong id still rejects the batch, and its error comes first, as if checked first.
+        # thread, beside the planning and then the data file's write (a large batch's
+        # hashing runs in a worker process; the key index's numpy searches and the
+        # Parquet write release the GIL). A wrong id still rejects the batch, and its
+        # error comes first, as if checked first.
         if checking is None:
             checking = self.check_clip_ids(batch)
             assert checking is not None
