@@ -12,11 +12,13 @@ commit go to ``asset_events`` in a second, keyed commit; events lost between the
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from typing import Any, TypeAlias
 
 import pyarrow as pa
@@ -96,33 +98,50 @@ class Ingester:
         (object reads) once; ``plan`` runs again after a lost commit race, as does the
         key lookup (the winner may have committed this very batch).
         """
-        tdef = TABLES[name]
-        plan, prepare = self._plans(name)
         with self._lock:
             tbl = self._load(name)
-            batch = coerce_batch(tdef, data, tbl.schema(), fill_time=False)
-            batch_sha = idempotency.batch_sha256(batch)
-            if key is None:
-                key = idempotency.derived_key(batch_sha)
-            key = idempotency.check_key(key)
-            batch = fill_time(tdef, batch)
-            if name == "assets":
-                self._repair_link_events(tbl)
-            for attempt in range(COMMIT_ATTEMPTS):
-                if (prior := self.key_index(name).lookup(tbl.metadata, key)) is not None:
-                    _warn_other_rows(name, key, prior, batch_sha)
-                    return IngestResult.replay(name, prior)
-                if prepare is not None:
-                    batch, prepare = prepare(batch), None
-                done = self._attempt(name, tbl, plan(batch, tbl), key, batch_sha)
-                if done is not None:
-                    return done
-                log.info("%s: concurrent commit, re-checking (attempt %d)", name, attempt + 1)
-                _backoff(attempt)
-                tbl = self._load(name)
-            raise Conflict(
-                f"{name}: gave up after {COMMIT_ATTEMPTS} concurrent commits", table=name
-            )
+            batch = coerce_batch(TABLES[name], data, tbl.schema(), fill_time=False)
+            # A clip batch's id check starts now, not at its plan (decision 062).
+            checking = self._planner.check_clip_ids(batch) if name == "clips" else None
+            try:
+                return self._ingest(name, tbl, batch, key, checking)
+            finally:
+                if checking is not None:
+                    checking.exception()  # waits: nothing outlives the call
+
+    def _ingest(
+        self,
+        name: str,
+        tbl: Table,
+        batch: pa.Table,
+        key: str | None,
+        checking: Future[object] | None,
+    ) -> IngestResult:
+        """:meth:`ingest` of a coerced batch (``checking``: its clip-id check)."""
+        tdef = TABLES[name]
+        plan, prepare = self._plans(name)
+        if checking is not None:
+            plan = functools.partial(self._planner.plan_clips, checking=checking)
+        batch_sha = idempotency.batch_sha256(batch)
+        if key is None:
+            key = idempotency.derived_key(batch_sha)
+        key = idempotency.check_key(key)
+        batch = fill_time(tdef, batch)
+        if name == "assets":
+            self._repair_link_events(tbl)
+        for attempt in range(COMMIT_ATTEMPTS):
+            if (prior := self.key_index(name).lookup(tbl.metadata, key)) is not None:
+                _warn_other_rows(name, key, prior, batch_sha)
+                return IngestResult.replay(name, prior)
+            if prepare is not None:
+                batch, prepare = prepare(batch), None
+            done = self._attempt(name, tbl, plan(batch, tbl), key, batch_sha)
+            if done is not None:
+                return done
+            log.info("%s: concurrent commit, re-checking (attempt %d)", name, attempt + 1)
+            _backoff(attempt)
+            tbl = self._load(name)
+        raise Conflict(f"{name}: gave up after {COMMIT_ATTEMPTS} concurrent commits", table=name)
 
     def _attempt(
         self, name: str, tbl: Table, todo: Plan, key: str, batch_sha: str
@@ -149,7 +168,7 @@ class Ingester:
             def alongside() -> None:
                 # The key index's sorted digests of the rows, while their file is
                 # written, not after the commit; then the plan's own check, if any.
-                prepared.update(self._index.prepare(name, rows))
+                prepared.update(self._index.prepare(name, rows, todo.digests))
                 if todo.verify is not None:
                     todo.verify()
 

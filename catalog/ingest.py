@@ -36,7 +36,8 @@ from pyiceberg.table import Table
 
 from catalog import link_events, rules
 from catalog.errors import InvalidBatch
-from catalog.key_index import KeyStore, Matches
+from catalog.key_index import KeyStore, Matches, Prepared
+from catalog.key_index_rows import Packed, asset_clip_digests, packed_digests
 from catalog.keycache import combined, first_occurrence, latent_key, to_numpy
 from catalog.latent_headers import check_latent_headers, member_hashes, member_ranges
 from catalog.objects import ObjectStore
@@ -60,6 +61,9 @@ class Plan:
     #: before the commit (the Parquet write releases the GIL, so the two overlap): a
     #: clip batch's id re-derivation, a score or caption batch's clip references.
     verify: Callable[[], object] | None = None
+    #: Key-index digests of ``rows`` the plan already made, per view (own, asset-keyed),
+    #: each with its row in ``rows``: :meth:`KeyStore.prepare` does not make them again.
+    digests: Prepared | None = None
 
     def counts(self, inserted: int) -> dict[str, int]:
         """The result's counts when ``inserted`` rows commit."""
@@ -83,6 +87,26 @@ def _side_check(check: Callable[[], object]) -> Future[object]:
 
     threading.Thread(target=run, name="vidlake-clip-ids", daemon=True).start()
     return done
+
+
+def _verified_ids(batch: pa.Table, given: pa.ChunkedArray | None) -> pa.Array:
+    """The rule's clip ids of ``batch``; InvalidBatch where a ``given`` one disagrees."""
+    computed = rules.clip_ids(
+        batch["asset_id"],
+        to_numpy(batch["t_start_s"]),
+        to_numpy(batch["t_end_s"]),
+        batch["split_version"],
+    )
+    if given is not None:
+        agree = pc.or_kleene(pc.is_null(given), pc.equal(given, computed))
+        if (row := first_bad(agree)) is not None:
+            raise InvalidBatch(
+                f"row {row}, field 'clip_id': {given[row]} is not rules.clip_id("
+                f"asset_id, t_start_s, t_end_s, split_version) = {computed[row]}",
+                row=row,
+                field="clip_id",
+            )
+    return computed
 
 
 def first_bad(mask: pa.ChunkedArray | pa.Array | NDArray[np.bool_]) -> int | None:
@@ -215,37 +239,34 @@ class Planner:
             return *none, None
         return _links(found, new, (bi, bj))
 
-    def plan_clips(self, batch: pa.Table, tbl: Table) -> Plan:
-        """Clips: ``clip_id`` is the rule's (computed when absent), then
-        :meth:`_plan_clip_rows`."""
+    def check_clip_ids(self, batch: pa.Table) -> Future[object] | None:
+        """Start re-deriving a clip batch's ids, when every one is given, on a side
+        thread: as soon as the batch is coerced, before its SHA-256 and key look-up,
+        so that the hashing (in a worker process for a large batch,
+        :mod:`catalog.hash_worker`) has the longest start on the planning. The caller
+        waits for it before it returns, whatever happens; :meth:`plan_clips` takes it."""
         given = batch["clip_id"] if "clip_id" in batch.column_names else None
-
-        def verify() -> pa.Array:
-            """The rule's clip ids; InvalidBatch where a given one disagrees."""
-            computed = rules.clip_ids(
-                batch["asset_id"],
-                to_numpy(batch["t_start_s"]),
-                to_numpy(batch["t_end_s"]),
-                batch["split_version"],
-            )
-            if given is not None:
-                agree = pc.or_kleene(pc.is_null(given), pc.equal(given, computed))
-                if (row := first_bad(agree)) is not None:
-                    raise InvalidBatch(
-                        f"row {row}, field 'clip_id': {given[row]} is not rules.clip_id("
-                        f"asset_id, t_start_s, t_end_s, split_version) = {computed[row]}",
-                        row=row,
-                        field="clip_id",
-                    )
-            return computed
-
         if given is None or given.null_count:
-            return self._plan_clip_rows(batch, tbl, verify())
-        # Every id is given: plan with them and re-derive every one on a side thread from
-        # now on, beside the planning and then the data file's write (the hashing holds
-        # the GIL; the key index's numpy searches and the Parquet write release it). A
-        # wrong id still rejects the batch, and its error comes first, as if checked first.
-        checking = _side_check(verify)
+            return None
+        return _side_check(lambda: _verified_ids(batch, given))
+
+    def plan_clips(
+        self, batch: pa.Table, tbl: Table, checking: Future[object] | None = None
+    ) -> Plan:
+        """Clips: ``clip_id`` is the rule's (computed when absent), then
+        :meth:`_plan_clip_rows`. ``checking``: :meth:`check_clip_ids` of the batch, if
+        started (else it starts here)."""
+        given = batch["clip_id"] if "clip_id" in batch.column_names else None
+        if given is None or given.null_count:
+            return self._plan_clip_rows(batch, tbl, _verified_ids(batch, given))
+        # Every id is given: plan with them while every one is re-derived on a side
+        # thread, beside the planning and then the data file's write (a large batch's
+        # hashing runs in a worker process; the key index's numpy searches and the
+        # Parquet write release the GIL). A wrong id still rejects the batch, and its
+        # error comes first, as if checked first.
+        if checking is None:
+            checking = self.check_clip_ids(batch)
+            assert checking is not None
         try:
             todo = self._plan_clip_rows(batch, tbl, combined(given))
         except BaseException as exc:
@@ -273,14 +294,20 @@ class Planner:
                     f"row {row}, field 'split': differs from the asset's", row=row, field="split"
                 )
         self._keys.sync("clips", tbl)
-        dup = self._keys.has("clips", ids, assets=batch["asset_id"])
+        # The clips' digests, made once: the duplicate check asks by the asset-keyed
+        # ones (sorted here, so that it does not sort them itself), and the key index's
+        # advance adds both kinds (KeyStore.prepare takes them from the plan).
+        own = packed_digests(ids)
+        by_asset = [g.sorted() for g in asset_clip_digests(batch["asset_id"], ids, own)]
+        dup = self._keys.has("clips", ids, assets=batch["asset_id"], digests=by_asset)
         dup |= ~first_occurrence(ids, rules.hex_prefix64(ids))
         rows = batch.drop_columns([c for c in ("clip_id", "split") if c in batch.column_names])
         rows = rows.append_column("clip_id", ids).append_column("split", split)
         if dup.any():
             rows = rows.filter(pa.array(~dup))
         n_eval = int(pc.sum(pc.equal(rows["split"], "eval")).as_py() or 0)
-        return Plan(rows, duplicates=int(dup.sum()), eval=n_eval)
+        digests = {"clips": (_kept(own, dup), _kept(by_asset, dup))}
+        return Plan(rows, duplicates=int(dup.sum()), eval=n_eval, digests=digests)
 
     def prepare_latents(self, batch: pa.Table) -> pa.Table:
         """The state-free latent checks, once per batch: each object exists and holds
@@ -346,6 +373,21 @@ class Planner:
             infos = [head(s) for s in names]
         sizes = np.array([-1 if i is None else i.size for i in infos], dtype=np.int64)
         return sizes[to_numpy(pc.index_in(shas, value_set=unique)).astype(np.int64)]
+
+
+def _kept(groups: list[Packed], dup: NDArray[np.bool_]) -> list[Packed]:
+    """``groups`` (digests of batch rows) without the rows ``dup`` drops, each digest
+    with its row among the rows kept (the order of each group is kept)."""
+    if not dup.any():
+        return groups
+    keep = ~dup
+    row_of = np.cumsum(keep) - 1  # a kept batch row's position among the kept
+    out = []
+    for group in groups:
+        picks = np.flatnonzero(keep[group.rows])
+        data = np.frombuffer(group.data, f"V{group.width}")[picks].tobytes()
+        out.append(Packed(group.width, data, row_of[group.rows[picks]].astype(np.int64)))
+    return out
 
 
 def _links(

@@ -446,12 +446,16 @@ class KeyStore:
         return wanted
 
     @staticmethod
-    def prepare(table: str, rows: pa.Table) -> Prepared:
+    def prepare(table: str, rows: pa.Table, known: Prepared | None = None) -> Prepared:
         """The sorted digests :meth:`advance` adds for ``rows`` of ``table``, per keyed
         view. Pure and state-free, so ingest computes them while the rows' data file
-        is written (numpy's sorts release the GIL) rather than after the commit."""
+        is written (numpy's sorts release the GIL) rather than after the commit.
+        ``known``: a view's digests of ``rows`` that the plan already made (a clip
+        batch's duplicate check, :meth:`has` ``digests``), sorted or not, with the
+        row each belongs to: not made again (a group sorted already is not re-sorted)."""
+        known = known or {}
         return {
-            view: _sorted_groups(view, rows)
+            view: _sorted(known[view]) if view in known else _sorted(view_groups(view, rows))
             for view, spec in VIEWS.items()
             if spec.table == table and view in _KEYED
         }
@@ -539,6 +543,7 @@ class KeyStore:
         *,
         expect: bool = False,
         assets: pa.Array | pa.ChunkedArray | None = None,
+        digests: list[Packed] | None = None,
     ) -> NDArray[np.bool_]:
         """Whether each key is in ``view`` (``clips``: clip ids; ``latents``: latent
         keys; ``assets``: asset ids); a null key is absent.
@@ -555,12 +560,21 @@ class KeyStore:
         rows of the rarer answer: ``expect=True`` (a reference check: most keys are
         present) returns the absent ones, ``expect=False`` (a duplicate check) the
         present ones. The answer is the same either way. A damaged file is rebuilt.
+
+        ``digests``: the keys' digests as this call would make them (with ``assets``,
+        :func:`~catalog.key_index_rows.asset_clip_digests`), when the caller has them:
+        a clip batch's plan makes them once for this check and :meth:`prepare`.
         """
         if view not in _KEYED:
             raise ValueError(f"no keys to look up in view {view!r}")
         if assets is not None and (view != "clips" or len(assets) != len(keys)):
             raise ValueError("assets: one asset id per clip id, for view 'clips' only")
-        groups = packed_digests(keys) if assets is None else asset_clip_digests(assets, keys)
+        if digests is not None:
+            groups = digests
+        elif assets is None:
+            groups = packed_digests(keys)
+        else:
+            groups = asset_clip_digests(assets, keys)
         return self._guarded(lambda: self._has(view, len(keys), groups, expect))
 
     def _has(self, view: str, n: int, groups: list[Packed], expect: bool) -> NDArray[np.bool_]:
@@ -684,7 +698,11 @@ class KeyStore:
 
 def _sorted_groups(view: str, rows: pa.Table) -> tuple[list[Packed], list[Packed]]:
     """:func:`~catalog.key_index_rows.view_groups` of ``rows``, each group sorted."""
-    own, by_asset = view_groups(view, rows)
+    return _sorted(view_groups(view, rows))
+
+
+def _sorted(groups: tuple[list[Packed], list[Packed]]) -> tuple[list[Packed], list[Packed]]:
+    own, by_asset = groups
     return [g.sorted() for g in own], [g.sorted() for g in by_asset]
 
 

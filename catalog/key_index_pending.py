@@ -25,7 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from catalog.key_index_recent import State
-from catalog.key_index_rows import Packed, heads
+from catalog.key_index_rows import Packed, heads, merge_sorted
 
 __all__ = ["FLUSH_KEYS", "Pending", "PendingKeys"]
 
@@ -61,7 +61,9 @@ class Pending:
             runs.append(_Run.of(np.frombuffer(group.data, np.uint8).reshape(-1, group.width)))
             while len(runs) >= 2 and len(runs[-2].head) <= 2 * len(runs[-1].head):
                 newer = runs.pop()
-                runs[-1] = _Run.of(np.concatenate([runs[-1].keys, newer.keys]))
+                runs[-1] = _Run(
+                    *merge_sorted((runs[-1].head, runs[-1].keys), (newer.head, newer.keys))
+                )
             held = sum(len(r.head) for r in runs)
             self.count = max(self.count, held)
 

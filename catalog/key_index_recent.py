@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from catalog.key_index_rows import Packed, heads
+from catalog.key_index_rows import Packed, heads, merge_sorted
 
 __all__ = ["CAPACITY", "RecentKeys", "State"]
 
@@ -56,7 +56,7 @@ class _Run:
 
     def merged(self, newer: _Run) -> _Run:
         """This run and a newer one as one."""
-        return _Run.of(np.concatenate([self.keys, newer.keys]))
+        return _Run(*merge_sorted((self.head, self.keys), (newer.head, newer.keys)))
 
     def known(self, head: NDArray[np.uint64], keys: NDArray[np.uint8]) -> NDArray[np.bool_]:
         """Which of ``keys`` (with their ``head``s) are in this run. A key whose head

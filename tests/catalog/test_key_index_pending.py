@@ -17,7 +17,7 @@ from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
 from catalog.key_index import KeyStore, index_path
 from catalog.key_index_pending import Pending
-from catalog.key_index_rows import Packed
+from catalog.key_index_rows import Packed, heads, merge_sorted
 from tests.catalog._key_index_child import asset, clip
 
 
@@ -173,3 +173,41 @@ def test_a_purge_forgets_pending_keys_too(tmp_path: Path) -> None:
     files = [Path(f"{path}{s}") for s in ("", "-wal")] + list(Path(f"{path}.runs").glob("*"))
     held = b"".join(f.read_bytes() for f in files if f.exists())
     assert key not in held
+
+
+@pytest.mark.parametrize("width", [16, 22])
+def test_runs_merge_as_the_stable_sort_of_their_rows(width: int) -> None:
+    # Few distinct heads, so that equal heads (older run first) are common.
+    rng = np.random.default_rng(width)
+    runs = []
+    for n in (50, 20, 7, 90):
+        keys = rng.integers(0, 256, (n, width), dtype=np.uint8)
+        keys[:, :8] = rng.integers(0, 3, (n, 1), dtype=np.uint8)
+        order = np.argsort(heads(keys), kind="stable")
+        runs.append((heads(keys)[order], keys[order]))
+    merged = runs[0]
+    for newer in runs[1:]:
+        merged = merge_sorted(merged, newer)
+    every = np.concatenate([keys for _, keys in runs])
+    want = every[np.argsort(heads(every), kind="stable")]
+    assert merged[1].tobytes() == want.tobytes()
+    assert (merged[0] == heads(want)).all()
+
+
+def test_held_runs_merge_and_answer_every_key() -> None:
+    pending = Pending(("t", 1, "r"), ("t", 1, "r"))
+    rng = np.random.default_rng(3)
+    held = []
+    for n in (64, 32, 16, 16, 100):
+        keys = rng.integers(0, 256, (n, 16), dtype=np.uint8)
+        held.append(keys)
+        pending.add([Packed(16, keys.tobytes(), np.arange(n, dtype=np.int64)).sorted()])
+    runs = pending.runs[16]
+    assert len(runs) < 5  # merged
+    for run in runs:
+        assert (run.head[1:] >= run.head[:-1]).all()
+        assert (run.head == heads(run.keys)).all()
+    every = np.concatenate(held)
+    assert pending.known(Packed(16, every.tobytes(), np.arange(len(every)))).all()
+    absent = rng.integers(0, 256, (50, 16), dtype=np.uint8)
+    assert not pending.known(Packed(16, absent.tobytes(), np.arange(50))).any()
