@@ -441,10 +441,13 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         n = len(rows)
         buffer = BatchBuffer(n, buffers)
         embed_shas: list[str | None] = cols["text_embedding_sha256"]
-        # One task per part of the step (one per thread), its rows' results in lists.
+        # One task per part of the step (one per thread), its rows' results in lists;
+        # a step of pack members is one part: its packs are leased, opened and copied
+        # from once, not once per part (steps in flight still fill the threads).
+        threads = 1 if _all_members(cols, self.pack_max_bytes) else self.prefetch_threads
         tasks = [
             executor.submit(self._load_part, cache, cols, buffer, embed_shas, part)
-            for part in _parts(n, self.prefetch_threads)
+            for part in _parts(n, threads)
         ]
         parts = StepParts(tasks)
         return Step(info, rows, cols, cols["captions"], buffer, parts, erased, known)
@@ -626,6 +629,12 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
 def _default_threads() -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(8, cpus or 1))
+
+
+def _all_members(cols: _Columns, pack_max_bytes: int) -> bool:
+    """Whether every row's latent is a member of a larger object (a pack candidate)."""
+    objs, members = cols["object_sha256"], cols["member_sha256"]
+    return pack_max_bytes > 0 and not any(map(str.__eq__, objs, members))
 
 
 def _parts(n: int, k: int) -> list[range]:

@@ -365,3 +365,26 @@ def test_pack_mappings_are_per_file_and_bounded(
     assert ("k", fp2) not in maps._maps  # the least recent went first
     path.write_bytes(b"")
     assert fp_and_map("empty")[1] is None  # nothing to map: the caller reads instead
+
+
+def test_a_step_of_pack_members_takes_its_leases_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step whose rows are all pack members is one part: its packs are leased (two
+    SQLite transactions) and opened once a step, not once per part and thread."""
+    snap = _snap(tmp_path)
+    reference = _batches(_ds(snap, tmp_path / "ref", pack_max_bytes=0))
+    _batches(_ds(snap, tmp_path / "node"))  # cold: fetch the packs
+    sets: list[int] = []
+    real = NodeCache.leases
+
+    def counting(self: NodeCache, wanted: Any = ()) -> Any:
+        sets.append(1)
+        return real(self, wanted)
+
+    monkeypatch.setattr(NodeCache, "leases", counting)
+    _same(_batches(_ds(snap, tmp_path / "node", prefetch_threads=2)), reference)
+    assert len(sets) == 8  # one a step (8 steps), with two threads
+    sets.clear()
+    _batches(_ds(snap, tmp_path / "per-member", pack_max_bytes=0))
+    assert len(sets) == 16  # members alone: still one part per thread
