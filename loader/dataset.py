@@ -16,9 +16,10 @@ through :class:`StatefulLoader`, which does that.
 
 Each iterator owns a bounded thread pool (one thread per CPU by default) that fetches
 and decodes the rows of the next ``prefetch_steps`` steps while the current one trains,
-so cache misses hide under step time. Each step is cut into one part per thread, read
-under one :class:`~loader.leases.LeaseSet` (two SQLite transactions per part, not two
-per row); leases are held only while their part is read; closing the iterator
+so cache misses hide under step time. Each step is cut into one part per thread (a
+step whose rows are all pack members: one part, so each pack is leased and opened once
+a step), read under one :class:`~loader.leases.LeaseSet` (two SQLite transactions per
+part, not two per row); leases are held only while their part is read; closing the iterator
 (exhaustion, ``close()``, an exception, garbage collection) cancels what is queued and
 joins the threads.
 
@@ -78,6 +79,7 @@ from loader.decode import (
 from loader.device import check_device, prefetch_to_device
 from loader.leases import LeaseSet
 from loader.packs import (
+    BULK_MAX,
     DEFAULT_PACK_MAX_BYTES,
     FALLBACK,
     MEMBER_FRACTION,
@@ -632,9 +634,14 @@ def _default_threads() -> int:
 
 
 def _all_members(cols: _Columns, pack_max_bytes: int) -> bool:
-    """Whether every row's latent is a member of a larger object (a pack candidate)."""
-    objs, members = cols["object_sha256"], cols["member_sha256"]
-    return pack_max_bytes > 0 and not any(map(str.__eq__, objs, members))
+    """Whether every row's latent is a small member of a larger object (a pack
+    candidate copied a pack at a time, :data:`~loader.packs.BULK_MAX`)."""
+    objs, members, lengths = cols["object_sha256"], cols["member_sha256"], cols["length"]
+    return (
+        pack_max_bytes > 0
+        and max(lengths, default=0) <= BULK_MAX
+        and not any(map(str.__eq__, objs, members))
+    )
 
 
 def _parts(n: int, k: int) -> list[range]:

@@ -388,3 +388,28 @@ def test_a_step_of_pack_members_takes_its_leases_once(
     sets.clear()
     _batches(_ds(snap, tmp_path / "per-member", pack_max_bytes=0))
     assert len(sets) == 16  # members alone: still one part per thread
+
+
+def test_members_over_the_bulk_bound_are_read_one_preadv_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Members over ``BULK_MAX`` keep one ``preadv`` a row (it releases the GIL for a
+    large copy) and one part per thread; the batches are the same."""
+    import loader.dataset as dataset_mod
+
+    snap = _snap(tmp_path)
+    reference = _batches(_ds(snap, tmp_path / "ref", pack_max_bytes=0))
+    monkeypatch.setattr(packs_mod, "BULK_MAX", 0)
+    monkeypatch.setattr(dataset_mod, "BULK_MAX", 0)
+    _same(_batches(_ds(snap, tmp_path / "node")), reference)  # cold
+    forget_verified()  # each member hashed again on its first read: the preadv path
+    reads: list[int] = []
+    real = os.preadv
+
+    def counting(*args: Any) -> Any:
+        reads.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(os, "preadv", counting)
+    _same(_batches(_ds(snap, tmp_path / "node")), reference)
+    assert len(reads) >= 64 - 8 * 2 * 2  # all but the rows that taught a layout
