@@ -12,8 +12,10 @@ are most of a row (docs/cache.md). A row goes through a **pack entry** instead w
 The cache then holds the whole object, keyed by its SHA-256 and accounted (budget,
 eviction) by its size: one entry, one lease and one open file per pack and part of a
 step, whatever the number of its rows. :func:`read_pack_rows` groups a part's rows by
-pack and reads each row's member in one ``preadv`` (header into a scratch buffer, the
-tensors straight into the batch row) once a row of the step taught the layout.
+pack; once a row of the step taught the layout, members up to :data:`BULK_MAX` are
+copied out of the pack's per-process mapping (:mod:`loader.packmaps`) by one numpy
+gather per tensor, larger ones read in one ``preadv`` each (header into a scratch
+buffer, the tensors straight into the batch row): decision 060.
 
 **Proof.** The pack is hashed whole once, when it is downloaded. A member is hashed
 against its ``member_sha256`` over the very bytes read into the batch the first time
