@@ -16,9 +16,10 @@ through :class:`StatefulLoader`, which does that.
 
 Each iterator owns a bounded thread pool (one thread per CPU by default) that fetches
 and decodes the rows of the next ``prefetch_steps`` steps while the current one trains,
-so cache misses hide under step time. Each step is cut into one part per thread, read
-under one :class:`~loader.leases.LeaseSet` (two SQLite transactions per part, not two
-per row); leases are held only while their part is read; closing the iterator
+so cache misses hide under step time. Each step is cut into one part per thread (a
+step whose rows are all pack members: one part, so each pack is leased and opened once
+a step), read under one :class:`~loader.leases.LeaseSet` (two SQLite transactions per
+part, not two per row); leases are held only while their part is read; closing the iterator
 (exhaustion, ``close()``, an exception, garbage collection) cancels what is queued and
 joins the threads.
 
@@ -78,6 +79,7 @@ from loader.decode import (
 from loader.device import check_device, prefetch_to_device
 from loader.leases import LeaseSet
 from loader.packs import (
+    BULK_MAX,
     DEFAULT_PACK_MAX_BYTES,
     FALLBACK,
     MEMBER_FRACTION,
@@ -441,10 +443,13 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
         n = len(rows)
         buffer = BatchBuffer(n, buffers)
         embed_shas: list[str | None] = cols["text_embedding_sha256"]
-        # One task per part of the step (one per thread), its rows' results in lists.
+        # One task per part of the step (one per thread), its rows' results in lists;
+        # a step of pack members is one part: its packs are leased, opened and copied
+        # from once, not once per part (steps in flight still fill the threads).
+        threads = 1 if _all_members(cols, self.pack_max_bytes) else self.prefetch_threads
         tasks = [
             executor.submit(self._load_part, cache, cols, buffer, embed_shas, part)
-            for part in _parts(n, self.prefetch_threads)
+            for part in _parts(n, threads)
         ]
         parts = StepParts(tasks)
         return Step(info, rows, cols, cols["captions"], buffer, parts, erased, known)
@@ -626,6 +631,17 @@ class SnapshotDataset(IterableDataset[dict[str, Any]]):
 def _default_threads() -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return max(1, min(8, cpus or 1))
+
+
+def _all_members(cols: _Columns, pack_max_bytes: int) -> bool:
+    """Whether every row's latent is a small member of a larger object (a pack
+    candidate copied a pack at a time, :data:`~loader.packs.BULK_MAX`)."""
+    objs, members, lengths = cols["object_sha256"], cols["member_sha256"], cols["length"]
+    return (
+        pack_max_bytes > 0
+        and max(lengths, default=0) <= BULK_MAX
+        and not any(map(str.__eq__, objs, members))
+    )
 
 
 def _parts(n: int, k: int) -> list[range]:

@@ -12,8 +12,10 @@ are most of a row (docs/cache.md). A row goes through a **pack entry** instead w
 The cache then holds the whole object, keyed by its SHA-256 and accounted (budget,
 eviction) by its size: one entry, one lease and one open file per pack and part of a
 step, whatever the number of its rows. :func:`read_pack_rows` groups a part's rows by
-pack and reads each row's member in one ``preadv`` (header into a scratch buffer, the
-tensors straight into the batch row) once a row of the step taught the layout.
+pack; once a row of the step taught the layout, members up to :data:`BULK_MAX` are
+copied out of the pack's per-process mapping (:mod:`loader.packmaps`) by one numpy
+gather per tensor, larger ones read in one ``preadv`` each (header into a scratch
+buffer, the tensors straight into the batch row): decision 060.
 
 **Proof.** The pack is hashed whole once, when it is downloaded. A member is hashed
 against its ``member_sha256`` over the very bytes read into the batch the first time
@@ -38,15 +40,19 @@ import os
 from collections.abc import Callable, Container, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from catalog.errors import ChecksumMismatch, IntegrityError, VidlakeError
 from loader.batch import BatchBuffer
 from loader.cache import Fetch
 from loader.decode import keep_frames, safetensors_header_specs, whole_file_order
 from loader.leases import LeaseSet
+from loader.packmaps import mapped
 
 __all__ = [
+    "BULK_MAX",
     "DEFAULT_PACK_MAX_BYTES",
     "FALLBACK",
     "MEMBER_FRACTION",
@@ -63,6 +69,9 @@ DEFAULT_PACK_MAX_BYTES = 256 << 20
 FALLBACK = object()
 #: As :data:`FALLBACK`, because the pack itself failed its hash on download.
 UNPACKABLE = object()
+#: Members up to this size are copied a step's pack at a time out of the pack's mapping
+#: and a step of them is one part (decision 060); larger ones keep one ``preadv`` a row.
+BULK_MAX = 64 << 10
 
 log = logging.getLogger("vidlake.cache")
 
@@ -126,11 +135,15 @@ def _size(object_size: Callable[[str], int], obj: str) -> int:
 
 
 class _Reader:
-    """One pack file open for one part: its rows read into the batch.
+    """One pack file open for one part: its rows copied into the batch.
 
-    The loop of :meth:`rows` is the hot path of kilobyte samples, so it is written
-    flat: per row one slice per tensor, one ``preadv``, one header compare and, for a
-    member this process has not proved from this very file, one hash."""
+    Rows of the step's one-read layout are copied out of the pack's mapping
+    (:mod:`loader.packmaps`) together: per tensor one numpy gather of the rows'
+    bytes into their batch rows, one vectorised compare of every row's header with
+    the layout's, and, for a member this process has not proved from this very file,
+    one hash. Per-row Python is a dict look-up (the proof); the copies run without
+    the GIL. Other rows (the one that teaches the layout, another header, a member
+    past the file's end) are read alone by :meth:`_whole`."""
 
     def __init__(self, held: LeaseSet, fd: int, cols: _Columns, buffer: BatchBuffer, pack: str):
         self.fd, self.cols, self.buffer = fd, cols, buffer
@@ -139,47 +152,130 @@ class _Reader:
         #: {offset: member} proved from this file by this process (shared, live).
         self.proved = held._cache._proved_members(pack, fp)
         self._count = held._cache._member_proved
+        #: The file's bytes (None: it cannot be mapped; every row is read alone).
+        self.data = mapped(pack, fp, fd)
 
     def rows(self, rows: Sequence[int]) -> tuple[dict[int, object], dict[int, str]]:
         """Each row's result, and the digests of the rows whose member failed its hash."""
         out: dict[int, object] = {}
         failed: dict[int, str] = {}
-        offs, lens, mems = self.cols["offset"], self.cols["length"], self.cols["member_sha256"]
-        keys_col = self.cols["tensor_keys"]
-        fd, proved, sha256, preadv = self.fd, self.proved, hashlib.sha256, os.preadv
+        offs, lens, keys_col = self.cols["offset"], self.cols["length"], self.cols["tensor_keys"]
         fast: _Fast | None = None
+        bulk: list[int] = []
         for i in sorted(rows, key=offs.__getitem__):  # file order
-            off, n, member = offs[i], lens[i], mems[i]
-            try:
-                if fast is None:
-                    fast = self._fast()
-                if fast is None or n != fast.size or keys_col[i] != fast.keys:
-                    got = self._whole(i, off, n, member)
-                else:
-                    if fast.one is not None:  # one tensor: no comprehension a row
-                        flat, nb = fast.one
-                        views = [flat[i * nb : (i + 1) * nb]]
-                    else:
-                        views = [flat[i * nb : (i + 1) * nb] for flat, nb in fast.flats]
-                    head = fast.head
-                    if preadv(fd, [head, *views], off) != n:
-                        got = FALLBACK
-                    elif head != fast.known:
-                        got = self._whole(i, off, n, member)
-                    elif proved.get(off) == member:
-                        got = None
-                    else:
-                        h = sha256(head)
-                        for v in views:
-                            h.update(v)
-                        got = self._proved(off, member, h.hexdigest())
-            except Exception as exc:  # this row's failure is its own
-                got = exc
-            if isinstance(got, str):
-                failed[i] = got
+            if fast is None:
+                fast = self._fast()
+            if fast is None or lens[i] != fast.size or keys_col[i] != fast.keys:
+                self._alone(i, out, failed)
+            elif self.data is None or fast.size > BULK_MAX:
+                self._alone(i, out, failed, fast)
             else:
-                out[i] = got
+                bulk.append(i)
+        if bulk:
+            assert fast is not None
+            try:
+                self._bulk(bulk, fast, out, failed)
+            except Exception as exc:  # never seen: the rows fail, each as its own
+                out.update(dict.fromkeys((i for i in bulk if i not in out), exc))
         return out, failed
+
+    def _alone(
+        self, i: int, out: dict[int, object], failed: dict[int, str], fast: _Fast | None = None
+    ) -> None:
+        """Read row ``i`` by itself (in one ``preadv`` of the step's layout ``fast``,
+        else :meth:`_whole`), keeping its result or failure."""
+        cols = self.cols
+        off, n, member = cols["offset"][i], cols["length"][i], cols["member_sha256"][i]
+        try:
+            got = self._whole(i, off, n, member) if fast is None else self._one(i, fast)
+        except Exception as exc:  # this row's failure is its own
+            got = exc
+        if isinstance(got, str):
+            failed[i] = got
+        else:
+            out[i] = got
+
+    def _one(self, i: int, fast: _Fast) -> object:
+        """Row ``i`` of the step's layout in one ``preadv``: header into a scratch
+        buffer, tensors straight into the batch row (members over :data:`BULK_MAX`:
+        the read releases the GIL for the whole copy, which numpy's gather does not)."""
+        off, member = self.cols["offset"][i], self.cols["member_sha256"][i]
+        head = bytearray(len(fast.known))
+        views = [rows2d[i] for rows2d, _, _ in fast.grids]
+        if os.preadv(self.fd, [head, *views], off) != fast.size:
+            return FALLBACK
+        if head != fast.known:
+            return self._whole(i, off, fast.size, member)
+        if self.proved.get(off) == member:
+            return None
+        h = hashlib.sha256(head)
+        for v in views:
+            h.update(v)
+        return self._proved(off, member, h.hexdigest())
+
+    def _bulk(
+        self, rows: list[int], fast: _Fast, out: dict[int, object], failed: dict[int, str]
+    ) -> None:
+        """Copy ``rows`` (members of the step's layout, in file order) out of the mapping.
+
+        Members of one size ``n`` at offsets of one residue modulo ``n`` (a pack of
+        equal members: all of them) are rows of one strided ``(k, n)`` view of the
+        file, so each tensor is one fancy-indexed copy into its batch rows."""
+        data = self.data
+        assert data is not None
+        offs = self.cols["offset"]
+        n, hlen = fast.size, len(fast.known)
+        off = np.array([offs[i] for i in rows], dtype=np.int64)
+        dest = np.array(rows, dtype=np.int64)
+        inside = (off >= 0) & (off + n <= len(data))
+        for j in np.flatnonzero(~inside).tolist():
+            out[rows[j]] = FALLBACK  # past the file's end: as a short read
+        residue = off % n
+        for res in np.unique(residue[inside]).tolist():
+            pick = np.flatnonzero(inside & (residue == res))
+            count = (len(data) - res) // n  # members of this residue wholly in the file
+            at = (off[pick] - res) // n
+            heads = np.ndarray((count, hlen), np.uint8, data, res, (n, 1))[at]
+            same = (heads == fast.header).all(axis=1)
+            for j in pick[~same].tolist():
+                self._alone(rows[j], out, failed)  # another header: checked alone
+            at, to, heads = at[same], dest[pick[same]], heads[same]
+            for rows2d, start, stop in fast.grids:
+                # Whole words where the row size allows: numpy then copies each row
+                # with its contiguous word loop (opaque void items kept the GIL; bytes
+                # went slower).
+                word = next(w for w in (8, 4, 2, 1) if (stop - start) % w == 0)
+                shape, strides = (count, (stop - start) // word), (n, word)
+                src = np.ndarray(shape, np.dtype(f"<u{word}"), data, res + start, strides)
+                rows2d.view(src.dtype)[to] = src[at]
+            self._prove(pick[same].tolist(), rows, heads, fast, out, failed)
+
+    def _prove(
+        self,
+        picked: list[int],
+        rows: list[int],
+        heads: NDArray[np.uint8],
+        fast: _Fast,
+        out: dict[int, object],
+        failed: dict[int, str],
+    ) -> None:
+        """Each copied row's result: landed, or the digest of a member that failed its
+        first hash in this process (taken over its header and its batch bytes)."""
+        offs, mems, proved = self.cols["offset"], self.cols["member_sha256"], self.proved
+        for k, j in enumerate(picked):
+            i = rows[j]
+            off, member = offs[i], mems[i]
+            if proved.get(off) == member:
+                out[i] = None
+                continue
+            h = hashlib.sha256(heads[k])
+            for rows2d, _, _ in fast.grids:
+                h.update(rows2d[i])
+            bad = self._proved(off, member, h.hexdigest())
+            if bad is None:
+                out[i] = None
+            else:
+                failed[i] = bad
 
     def _fast(self) -> _Fast | None:
         """The step's one-read layout, once a row taught it (``buffer.whole_rows``)."""
@@ -188,18 +284,20 @@ class _Reader:
             return None
         cached = self.buffer.pack_layout
         if cached is not None and cached[0] is taught:
-            # Made once a step, not once a pack and part (~30 µs of torch views each,
-            # ~5% of a 16 KB step's GIL time); only the header scratch is per reader.
+            # Made once a step, not once a pack and part (~30 µs of torch views each).
             fast: _Fast = cached[1]
-            return fast._replace(head=bytearray(len(fast.known)))
+            return fast
         known, order, asked = taught
-        flats = []
+        grids = []
+        start = len(known)
         for k in order:
-            flat = self.buffer.tensors[k].reshape(-1).view(torch.uint8).numpy().data
-            flats.append((flat, len(flat) // self.buffer.rows))
-        size = len(known) + sum(nb for _, nb in flats)
-        one = flats[0] if len(flats) == 1 else None
-        fast = _Fast(known, bytearray(len(known)), list(asked), flats, size, one)
+            flat = self.buffer.tensors[k].reshape(-1).view(torch.uint8).numpy()
+            nb = len(flat) // self.buffer.rows
+            if nb:  # an empty tensor has nothing to copy
+                grids.append((flat.reshape(self.buffer.rows, nb), start, start + nb))
+            start += nb
+        header = np.frombuffer(known, dtype=np.uint8)
+        fast = _Fast(known, header, list(asked), grids, start)
         self.buffer.pack_layout = (taught, fast)
         return fast
 
@@ -241,16 +339,15 @@ class _Reader:
 
 
 class _Fast(NamedTuple):
-    """A step's one-read layout: the header every row repeats, a buffer to read each
-    row's header into, the tensor keys asked, each tensor's flat batch bytes and row
-    size in file order, and the member size that layout implies."""
+    """A step's one-read layout: the header every row repeats (bytes and array), the
+    tensor keys asked, each tensor's batch rows as a ``(rows, bytes)`` array with its
+    byte range in the member, in file order, and the member size that layout implies."""
 
     known: bytes
-    head: bytearray
+    header: NDArray[np.uint8]
     keys: list[str]
-    flats: list[tuple[memoryview, int]]
+    grids: list[tuple[NDArray[np.uint8], int, int]]
     size: int
-    one: tuple[memoryview, int] | None
 
 
 def read_pack_rows(

@@ -305,3 +305,111 @@ def test_a_pack_dropped_by_another_part_between_lease_and_open_is_fetched_again(
     assert stats["corrupt_refetches"] == 1
     assert stats["misses"] == 3  # two packs, the dropped one again
     assert stats["leases"] == 0
+
+
+def test_a_warm_pack_step_copies_its_rows_without_a_read_per_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of a step's layout are copied out of the pack's mapping together
+    (decision 060): no ``preadv`` per row, one ``pread`` only for the row of each
+    part that teaches the layout; the batches stay the per-member path's."""
+    snap = _snap(tmp_path)
+    reference = _batches(_ds(snap, tmp_path / "ref", pack_max_bytes=0))
+    _batches(_ds(snap, tmp_path / "node"))  # cold: fetch the packs
+    calls = {"preadv": 0, "pread": 0}
+    for name in calls:
+        real = getattr(os, name)
+
+        def counting(*args: Any, _real: Any = real, _name: str = name) -> Any:
+            calls[_name] += 1
+            return _real(*args)
+
+        monkeypatch.setattr(os, name, counting)
+    _same(_batches(_ds(snap, tmp_path / "node")), reference)
+    assert calls["preadv"] == 0
+    assert calls["pread"] <= 8 * 2 * 2  # per step, part and pack: the teaching row at most
+
+
+def test_pack_mappings_are_per_file_and_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pack file is mapped once per process and fingerprint; a rewritten file (another
+    fingerprint) gets its own mapping with its own bytes; at most MAPS_MAX are kept."""
+    import loader.packmaps as maps
+
+    monkeypatch.setattr(maps, "MAPS_MAX", 3)
+    monkeypatch.setattr(maps, "_maps", type(maps._maps)())
+    path = tmp_path / "pack"
+    path.write_bytes(b"a" * 4096)
+
+    def fp_and_map(key: str) -> tuple[tuple[int, ...], Any]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            st = os.fstat(fd)
+            fp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            return fp, maps.mapped(key, fp, fd)
+        finally:
+            os.close(fd)
+
+    fp, first = fp_and_map("k")
+    assert first is not None and bytes(first[:2]) == b"aa"
+    assert fp_and_map("k")[1] is first  # the same file: the same mapping
+    path.unlink()
+    path.write_bytes(b"b" * 8192)  # replaced: another inode, size, ctime
+    fp2, second = fp_and_map("k")
+    assert fp2 != fp and second is not None and bytes(second[:2]) == b"bb"
+    assert bytes(first[:2]) == b"aa"  # the old mapping still reads the old file
+    for key in ("x", "y", "z"):
+        fp_and_map(key)
+    assert len(maps._maps) == 3
+    assert ("k", fp2) not in maps._maps  # the least recent went first
+    path.write_bytes(b"")
+    assert fp_and_map("empty")[1] is None  # nothing to map: the caller reads instead
+
+
+def test_a_step_of_pack_members_takes_its_leases_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step whose rows are all pack members is one part: its packs are leased (two
+    SQLite transactions) and opened once a step, not once per part and thread."""
+    snap = _snap(tmp_path)
+    reference = _batches(_ds(snap, tmp_path / "ref", pack_max_bytes=0))
+    _batches(_ds(snap, tmp_path / "node"))  # cold: fetch the packs
+    sets: list[int] = []
+    real = NodeCache.leases
+
+    def counting(self: NodeCache, wanted: Any = ()) -> Any:
+        sets.append(1)
+        return real(self, wanted)
+
+    monkeypatch.setattr(NodeCache, "leases", counting)
+    _same(_batches(_ds(snap, tmp_path / "node", prefetch_threads=2)), reference)
+    assert len(sets) == 8  # one a step (8 steps), with two threads
+    sets.clear()
+    _batches(_ds(snap, tmp_path / "per-member", pack_max_bytes=0))
+    assert len(sets) == 16  # members alone: still one part per thread
+
+
+def test_members_over_the_bulk_bound_are_read_one_preadv_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Members over ``BULK_MAX`` keep one ``preadv`` a row (it releases the GIL for a
+    large copy) and one part per thread; the batches are the same."""
+    import loader.dataset as dataset_mod
+
+    snap = _snap(tmp_path)
+    reference = _batches(_ds(snap, tmp_path / "ref", pack_max_bytes=0))
+    monkeypatch.setattr(packs_mod, "BULK_MAX", 0)
+    monkeypatch.setattr(dataset_mod, "BULK_MAX", 0)
+    _same(_batches(_ds(snap, tmp_path / "node")), reference)  # cold
+    forget_verified()  # each member hashed again on its first read: the preadv path
+    reads: list[int] = []
+    real = os.preadv
+
+    def counting(*args: Any) -> Any:
+        reads.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(os, "preadv", counting)
+    _same(_batches(_ds(snap, tmp_path / "node")), reference)
+    assert len(reads) >= 64 - 8 * 2 * 2  # all but the rows that taught a layout
