@@ -40,7 +40,7 @@ from materializer.partition_merge import (
     POS,
     KeptParts,
     compact_batches,
-    row_columns,
+    distinct_clips,
     stream_artifacts,
 )
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
@@ -51,9 +51,11 @@ from materializer.select import Execution, Selection, phase_mask
 
 __all__ = [
     "PARALLEL_PLAN_ROWS",
+    "SampleCounts",
     "Written",
     "phase_specs",
     "plan_workers",
+    "sample_counts",
     "with_rows",
     "write_artifacts",
     "write_named_plan",
@@ -72,7 +74,11 @@ _PARQUET_OPTIONS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Written:
-    samples: pa.Table
+    """What :func:`write_artifacts` leaves: the samples in manifest order (None for a
+    partitioned selection, whose rows the driver never gathers), the artifacts' paths,
+    the plan's summary and the quality report."""
+
+    samples: pa.Table | None
     paths: dict[str, Path]
     summary: PlanSummary
     quality: dict[str, Any]
@@ -113,7 +119,9 @@ def write_artifacts(
     With ``selection.parts`` (a partitioned selection's kept-sample files), its samples
     hold only the driver columns, and the index and manifest are streamed from the files
     on this thread (:func:`~materializer.partition_merge.stream_artifacts`): the same
-    bytes.
+    bytes. The driver then never gathers its rows in manifest order: the quality report
+    reads what it needs of the written manifest (:mod:`materializer.quality_rows`), and
+    the caller took the snapshot's counts before (:func:`sample_counts`).
 
     The selection's samples are taken (``selection.samples`` is left empty): once
     scattered, the sorted rows are dropped, but for what the streaming reads (the
@@ -121,6 +129,11 @@ def write_artifacts(
     """
     selected, parts = selection.samples, selection.parts
     selection.samples = selected.schema.empty_table()  # a slice would keep the buffers
+    if parts is not None:
+        # The driver reads only these from here on (the counts were taken).
+        keep = dict.fromkeys([*_PLAN_COLUMNS, *_STREAM_COLUMNS])  # bucket is in both
+        selected = selected.select([c for c in keep if c in selected.column_names])
+        release_unused()
     n = selected.num_rows
     order = pa.array(scatter_order(n, recipe.seed))
     report("plan", 0.0)
@@ -150,11 +163,15 @@ def write_artifacts(
         planned = side.submit(plan)
         try:
             report("scatter", 0.0)
-            samples = with_rows(row_columns(selected, parts).take(order))
+            samples = with_rows(selected.take(order)) if parts is None else None
+            # The quality report reads the rows the plan draws from the written manifest
+            # where the driver holds no scattered copy of them.
+            measured = manifest_path if samples is None else samples
             selected = selected.select(list(_STREAM_COLUMNS) if parts is not None else [])
             release_unused()  # the sorted rows, the merge's and the plan inputs' temporaries
             report("scatter", 1.0)
             if parts is None:
+                assert samples is not None
                 # Queued behind the plan, then lineage: the two threads' shares even out.
                 report("index", 0.0)
                 queued += [side.submit(_write_index, index_path, recipe, samples)]
@@ -172,7 +189,7 @@ def write_artifacts(
             report("lineage", 0.0)
             # The plan quality report (materializer/quality.py); a recipe threshold fails here.
             report("quality", 0.0)
-            quality_path, quality = cut_quality(recipe, plan_path, samples, out)
+            quality_path, quality = cut_quality(recipe, plan_path, measured, out)
             report("quality", 1.0)
             if parts is None:
                 queued[0].result()
@@ -191,6 +208,28 @@ def write_artifacts(
         LINEAGE_NAME: lineage_path,
     }
     return Written(samples, paths, summary, quality)
+
+
+@dataclass(frozen=True)
+class SampleCounts:
+    """snapshot.json's counts of the selected samples: the same in any row order."""
+
+    samples: int
+    clips: int
+    assets: int
+    per_stream: list[int]
+
+
+def sample_counts(samples: pa.Table, num_streams: int, clips: int | None = None) -> SampleCounts:
+    """The counts of ``samples`` (``clips``, when given, the distinct clips already
+    counted, :func:`~materializer.cut.sorted_distinct_clips`)."""
+    per_stream = np.bincount(samples["stream"].to_numpy(), minlength=num_streams)
+    return SampleCounts(
+        samples=samples.num_rows,
+        clips=distinct_clips(samples) if clips is None else clips,
+        assets=int(pc.count_distinct(samples["asset_id"]).as_py()),
+        per_stream=[int(c) for c in per_stream],
+    )
 
 
 #: What the streamed index and manifest read of the sorted samples, once scattered.

@@ -64,7 +64,6 @@ __all__ = [
     "driver_columns",
     "merge_order",
     "packed_ids",
-    "row_columns",
     "spill_kept",
     "stream_artifacts",
 ]
@@ -78,16 +77,16 @@ CHUNK_ROWS = 1 << 18
 #: (where the driver has no ``clip_id``) the clip's number in its partition.
 PART, POS, CLIP = "_part", "_pos", "_clip"
 #: Columns every cut's driver reads: selection's drops (no latent frames, buckets,
-#: streams), the phase masks and pools, and the quality report's keys.
-_ALWAYS = ("rung", "tier", "stream", "tokens", "latent_frames", "aspect")
-_QUALITY_KEYS = ("source", "asset_id", "cluster")
+#: streams), the phase masks and pools, and the asset ids (the snapshot's distinct
+#: assets). The quality report's keys are read from the written manifest.
+_ALWAYS = ("rung", "tier", "stream", "tokens", "latent_frames", "aspect", "asset_id")
 
 
 def driver_columns(recipe: Recipe) -> tuple[str, ...]:
     """The kept-sample columns the driver of a cut of ``recipe`` reads; the others
     stay in the partitions' files. The clip id and the rank score only when the
     recipe drops by embeddings, the tensor keys only when it names some."""
-    names = [*_ALWAYS, *_QUALITY_KEYS]
+    names = list(_ALWAYS)
     if recipe.tensor_keys:
         names.append("tensor_keys")
     if recipe.exclusions.eval_near_duplicates is not None or recipe.semantic_dedup:
@@ -141,20 +140,6 @@ def packed_ids(column: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     return pa.FixedSizeBinaryArray.from_buffers(
         pa.binary(width // 2), len(ids), [None, pa.py_buffer(packed.tobytes())]
     )
-
-
-#: What a partitioned cut reads of its scattered samples after the plan: the quality
-#: report's per-row arrays and keys, and the snapshot's counts of clips and assets.
-_ROW_COLUMNS = ("stream", "bucket", "tokens", *_QUALITY_KEYS, "clip_id", PART, CLIP)
-
-
-def row_columns(selected: pa.Table, parts: KeptParts | None) -> pa.Table:
-    """``selected`` as the scattered samples need it: every column in the
-    one-process cut (``parts`` None), else only what is read after the plan (the
-    scatter then gathers ~40 B a row fewer)."""
-    if parts is None:
-        return selected
-    return selected.select([c for c in _ROW_COLUMNS if c in selected.column_names])
 
 
 def distinct_clips(samples: pa.Table) -> int:

@@ -181,3 +181,33 @@ def test_the_sorted_samples_are_dropped_once_scattered(
     assert alive == [False, False]
     one, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
     assert _digests(paths) == _digests(one)
+
+
+def test_a_partitioned_driver_measures_quality_from_the_written_manifest(
+    lake: tuple[VidlakeCatalog, Path],
+    recipe: Recipe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partitioned driver never gathers its samples in manifest order: the quality
+    report reads the rows the plan draws from the written manifest, and the driver
+    columns carry no quality key but the asset id (the snapshot's count); the same
+    bytes as the one-process cut, which measures its table."""
+    from materializer.partition_merge import driver_columns
+
+    catalog, _ = lake
+    measured: list[Any] = []
+    real_quality = artifacts.cut_quality
+
+    def quality(recipe: Recipe, plan: Path, samples: Any, out: Path) -> Any:
+        measured.append(samples)
+        return real_quality(recipe, plan, samples, out)
+
+    monkeypatch.setattr(artifacts, "cut_quality", quality)
+    execution = Execution(LocalExecutor(1), 3)
+    paths, snap = build_artifacts(catalog, recipe, _mkdir(tmp_path / "cut"), execution=execution)
+    one, one_snap = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
+    assert measured[0] == paths["manifest.parquet"] and isinstance(measured[1], pa.Table)
+    assert not {"source", "cluster"} & set(driver_columns(recipe))
+    assert _digests(paths) == _digests(one)
+    assert snap["counts"] == one_snap["counts"] and snap["quality"] == one_snap["quality"]
