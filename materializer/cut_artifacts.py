@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from catalog.errors import InvalidRecipe
 from manifests.format import INDEX_SCHEMA, LINEAGE_NAME, QUALITY_NAME
@@ -139,7 +140,9 @@ def write_artifacts(
     report("plan", 0.0)
     plan_path, lineage_path = out / "plan.arrow", out / LINEAGE_NAME
     few = selected.select([c for c in _PLAN_COLUMNS if c in selected.column_names])
-    specs = phase_specs(recipe, with_rows(few.take(order)))
+    # The plan takes the specs: their pools (~24 B a sample) go once it is written,
+    # not at the end of the stream and the quality report.
+    held = [phase_specs(recipe, with_rows(few.take(order)))]
     del few  # it shares the sorted rows' buffers
     executor, workers = plan_on
     if sum(_max_plan_rows(recipe)) < PARALLEL_PLAN_ROWS:
@@ -153,8 +156,10 @@ def write_artifacts(
         release_unused()
 
     def plan() -> PlanSummary:
+        specs = held.pop()
         summary = write_named_plan(plan_path, recipe, specs, executor, workers)
-        release_unused()  # the plan's step chunks, freed on this thread
+        del specs
+        release_unused()  # the plan's step chunks and pools, freed on this thread
         return summary
 
     index_path, manifest_path = out / "index.arrow", out / "manifest.parquet"
@@ -181,7 +186,10 @@ def write_artifacts(
             else:
                 queued += [side.submit(lineage)]
                 report("index", 0.0)
-                _stream_rows(recipe, parts, selected, order, index_path, manifest_path)
+                # One permutation held through the stream, not it and its inverse.
+                dest = _inverse(order.to_numpy())
+                del order
+                _stream_rows(recipe, parts, selected, dest, index_path, manifest_path)
                 report("manifest", 0.0)
             report("manifest", 1.0)
             summary = planned.result()
@@ -391,18 +399,26 @@ def _stream_rows(
     recipe: Recipe,
     parts: KeptParts,
     selected: pa.Table,
-    order: pa.Array,
+    dest: NDArray[np.int64],
     index_path: Path,
     manifest_path: Path,
 ) -> None:
-    """The index and the manifest of a partitioned selection, streamed from its files."""
+    """The index and the manifest of a partitioned selection, streamed from its files
+    (``dest``: each sorted sample's manifest row)."""
     stream_artifacts(
         parts,
         selected,
-        order.to_numpy(),
+        dest,
         index=(index_path, lambda chunk: _index_table(recipe, chunk)),
         manifest=(manifest_path, lambda chunk: _manifest_table(recipe, chunk), _PARQUET_OPTIONS),
     )
+
+
+def _inverse(order: NDArray[np.int64]) -> NDArray[np.int64]:
+    """The inverse of the permutation ``order``."""
+    dest = np.empty(order.size, dtype=np.int64)
+    dest[order] = np.arange(order.size, dtype=np.int64)
+    return dest
 
 
 def _write_parquet(path: Path, table: pa.Table) -> None:

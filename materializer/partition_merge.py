@@ -219,28 +219,28 @@ TableOf = Callable[[pa.Table], pa.Table]
 def stream_artifacts(
     parts: KeptParts,
     selected: pa.Table,
-    order: NDArray[np.int64],
+    dest: NDArray[np.int64],
     *,
     index: tuple[Path, TableOf],
     manifest: tuple[Path, TableOf, dict[str, Any]],
 ) -> None:
     """Write the index and the manifest of ``selected`` (the driver columns in sorted
-    order, with ``bucket``, ``_part`` and ``_pos``) scattered by ``order``, from the
-    partition files, in chunks of :data:`CHUNK_ROWS` rows. ``index`` and ``manifest``
-    name each file and turn a chunk of samples (manifest order, with ``row``) into
-    its rows; ``manifest`` adds the Parquet writer's options."""
+    order, with ``bucket``, ``_part`` and ``_pos``), each sorted sample at its manifest
+    row ``dest``, from the partition files, in chunks of :data:`CHUNK_ROWS` rows.
+    ``index`` and ``manifest`` name each file and turn a chunk of samples (manifest
+    order, with ``row``) into its rows; ``manifest`` adds the Parquet writer's options."""
     group = manifest[2]["row_group_size"]
     if group <= 0 or CHUNK_ROWS % group:
         raise ValueError(f"a chunk of {CHUNK_ROWS} rows is not whole row groups of {group}")
-    n = selected.num_rows
-    dest = np.empty(n, dtype=np.int64)
-    dest[order] = np.arange(n, dtype=np.int64)  # sorted sample -> manifest row
     schema = parts.schema()
     spill = Path(parts.directory) / f"shuffle-{uuid.uuid4().hex}"
     spill.mkdir()
     try:
         buckets = _scatter_pass(parts, selected, dest, schema, spill)
-        bucket_ids = selected["bucket"].to_numpy()[order]
+        sorted_buckets = selected["bucket"].to_numpy()
+        bucket_ids = np.empty_like(sorted_buckets)
+        bucket_ids[dest] = sorted_buckets  # in manifest order
+        del sorted_buckets
         _write_pass(buckets, bucket_ids, schema, index, manifest)
     finally:
         shutil.rmtree(spill, ignore_errors=True)

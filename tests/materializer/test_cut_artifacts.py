@@ -211,3 +211,54 @@ def test_a_partitioned_driver_measures_quality_from_the_written_manifest(
     assert not {"source", "cluster"} & set(driver_columns(recipe))
     assert _digests(paths) == _digests(one)
     assert snap["counts"] == one_snap["counts"] and snap["quality"] == one_snap["quality"]
+
+
+def test_the_pools_and_the_permutation_go_before_they_are_idle(
+    lake: tuple[VidlakeCatalog, Path],
+    recipe: Recipe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partitioned driver streams the index and manifest holding one permutation
+    (each sorted sample's manifest row), not it and the scatter order, and the plan's
+    pools go once the plan is written, not at the end of the cut."""
+    import numpy as np
+
+    catalog, _ = lake
+    orders: list[weakref.ref[Any]] = []
+    pools: list[weakref.ref[Any]] = []
+    real_order, real_specs = artifacts.scatter_order, artifacts.phase_specs
+
+    def scatter_order(n: int, seed: int) -> Any:
+        order = real_order(n, seed)
+        orders.append(weakref.ref(order))
+        return order
+
+    def phase_specs(*args: Any) -> Any:
+        specs = real_specs(*args)
+        pools.extend(weakref.ref(a) for s in specs for a in (s.pool.row, s.pool.tokens))
+        return specs
+
+    alive: dict[str, bool] = {}
+    real_stream, real_quality = artifacts.stream_artifacts, artifacts.cut_quality
+
+    def stream(parts: Any, selected: Any, dest: Any, **kwargs: Any) -> None:
+        gc.collect()
+        alive["order while streaming"] = orders[0]() is not None
+        assert isinstance(dest, np.ndarray) and dest.size == selected.num_rows
+        real_stream(parts, selected, dest, **kwargs)
+
+    def quality(*args: Any) -> Any:
+        gc.collect()
+        alive["pools after the plan"] = any(p() is not None for p in pools)
+        return real_quality(*args)
+
+    monkeypatch.setattr(artifacts, "scatter_order", scatter_order)
+    monkeypatch.setattr(artifacts, "phase_specs", phase_specs)
+    monkeypatch.setattr(artifacts, "stream_artifacts", stream)
+    monkeypatch.setattr(artifacts, "cut_quality", quality)
+    execution = Execution(LocalExecutor(1), 3)
+    paths, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "cut"), execution=execution)
+    assert pools and alive == {"order while streaming": False, "pools after the plan": False}
+    one, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
+    assert _digests(paths) == _digests(one)

@@ -83,10 +83,12 @@ def test_streamed_manifest_and_index_equal_the_whole_table_written_at_once(
         return chunk.select(INDEX_SCHEMA.names).cast(INDEX_SCHEMA)
 
     streamed_index, streamed_manifest = tmp_path / "s.arrow", tmp_path / "s.parquet"
+    dest = np.empty_like(order)
+    dest[order] = np.arange(order.size)  # each sorted sample's manifest row
     pm.stream_artifacts(
         parts,
         selected,
-        order,
+        dest,
         index=(streamed_index, index_of),
         manifest=(streamed_manifest, lambda chunk: chunk, _OPTIONS),
     )
