@@ -66,7 +66,6 @@ from materializer.cut_artifacts import (
     SampleCounts,
     phase_specs,
     plan_workers,
-    sample_counts,
     with_rows,
     write_artifacts,
     write_named_plan,
@@ -210,19 +209,15 @@ def build_artifacts(
         if selection.samples.num_rows == 0:
             raise nothing_selected(recipe, selection)
         check_pools(recipe, selection.samples)
-        # Before write_artifacts takes the samples (a partitioned driver never gathers
-        # them in manifest order); the counts do not depend on the order.
-        counts = sample_counts(
-            selection.samples,
-            len(selection.stream_names),
-            sorted_distinct_clips(selection.samples),
-        )
+        clips = sorted_distinct_clips(selection.samples)  # before write_artifacts takes them
         # It takes the selection's samples: the sorted rows go once they are scattered.
-        written = write_artifacts(recipe, selection, out, report, plan_workers(execution))
+        written = write_artifacts(
+            recipe, selection, out, report, plan_workers(execution), clips=clips
+        )
     finally:
         selection.close()  # a partitioned selection's kept-sample files
     summary, quality = written.summary, written.quality
-    snapshot = snapshot_doc(recipe, pin, selection, counts, summary)
+    snapshot = snapshot_doc(recipe, pin, selection, written.counts, summary)
     snapshot.update(embedding_facts(recipe, pin, selection))
     record_repeats(snapshot, summary)
     snapshot["quality"] = quality_summary(quality)

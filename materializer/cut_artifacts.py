@@ -77,12 +77,13 @@ _PARQUET_OPTIONS: dict[str, Any] = {
 class Written:
     """What :func:`write_artifacts` leaves: the samples in manifest order (None for a
     partitioned selection, whose rows the driver never gathers), the artifacts' paths,
-    the plan's summary and the quality report."""
+    the plan's summary, the quality report and the samples' counts."""
 
     samples: pa.Table | None
     paths: dict[str, Path]
     summary: PlanSummary
     quality: dict[str, Any]
+    counts: SampleCounts
 
 
 #: Plans below this many rows are generated in one process even when the cut has an
@@ -107,6 +108,8 @@ def write_artifacts(
     out: Path,
     report: Progress,
     plan_on: tuple[Executor | None, int],
+    *,
+    clips: int | None = None,
 ) -> Written:
     """The ``scatter``, ``plan``, ``index``, ``manifest``, ``quality`` and ``lineage``
     stages; the samples in manifest order with the rest.
@@ -122,7 +125,9 @@ def write_artifacts(
     on this thread (:func:`~materializer.partition_merge.stream_artifacts`): the same
     bytes. The driver then never gathers its rows in manifest order: the quality report
     reads what it needs of the written manifest (:mod:`materializer.quality_rows`), and
-    the caller took the snapshot's counts before (:func:`sample_counts`).
+    the distinct clips and assets are counted in the streamed write
+    (:mod:`materializer.distinct`). ``clips``, when given, is the distinct clips of a
+    one-process selection, already counted.
 
     The selection's samples are taken (``selection.samples`` is left empty): once
     scattered, the sorted rows are dropped, but for what the streaming reads (the
@@ -130,6 +135,9 @@ def write_artifacts(
     """
     selected, parts = selection.samples, selection.parts
     selection.samples = selected.schema.empty_table()  # a slice would keep the buffers
+    k = len(selection.stream_names)
+    counts = sample_counts(selected, k, clips) if parts is None else None
+    per_stream = [int(c) for c in np.bincount(selected["stream"].to_numpy(), minlength=k)]
     if parts is not None:
         # The driver reads only these from here on (the counts were taken).
         keep = dict.fromkeys([*_PLAN_COLUMNS, *_STREAM_COLUMNS])  # bucket is in both
@@ -189,7 +197,8 @@ def write_artifacts(
                 # One permutation held through the stream, not it and its inverse.
                 dest = _inverse(order.to_numpy())
                 del order
-                _stream_rows(recipe, parts, selected, dest, index_path, manifest_path)
+                distinct = _stream_rows(recipe, parts, selected, dest, index_path, manifest_path)
+                counts = SampleCounts(n, *distinct, per_stream)
                 report("manifest", 0.0)
             report("manifest", 1.0)
             summary = planned.result()
@@ -215,7 +224,8 @@ def write_artifacts(
         "index.arrow": index_path,
         LINEAGE_NAME: lineage_path,
     }
-    return Written(samples, paths, summary, quality)
+    assert counts is not None  # both paths set them
+    return Written(samples, paths, summary, quality, counts)
 
 
 @dataclass(frozen=True)
@@ -402,10 +412,10 @@ def _stream_rows(
     dest: NDArray[np.int64],
     index_path: Path,
     manifest_path: Path,
-) -> None:
+) -> tuple[int, int]:
     """The index and the manifest of a partitioned selection, streamed from its files
-    (``dest``: each sorted sample's manifest row)."""
-    stream_artifacts(
+    (``dest``: each sorted sample's manifest row); its distinct clips and assets."""
+    return stream_artifacts(
         parts,
         selected,
         dest,

@@ -208,7 +208,7 @@ def test_a_partitioned_driver_measures_quality_from_the_written_manifest(
     paths, snap = build_artifacts(catalog, recipe, _mkdir(tmp_path / "cut"), execution=execution)
     one, one_snap = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
     assert measured[0] == paths["manifest.parquet"] and isinstance(measured[1], pa.Table)
-    assert not {"source", "cluster"} & set(driver_columns(recipe))
+    assert not {"source", "cluster", "asset_id"} & set(driver_columns(recipe))
     assert _digests(paths) == _digests(one)
     assert snap["counts"] == one_snap["counts"] and snap["quality"] == one_snap["quality"]
 
@@ -242,11 +242,11 @@ def test_the_pools_and_the_permutation_go_before_they_are_idle(
     alive: dict[str, bool] = {}
     real_stream, real_quality = artifacts.stream_artifacts, artifacts.cut_quality
 
-    def stream(parts: Any, selected: Any, dest: Any, **kwargs: Any) -> None:
+    def stream(parts: Any, selected: Any, dest: Any, **kwargs: Any) -> Any:
         gc.collect()
         alive["order while streaming"] = orders[0]() is not None
         assert isinstance(dest, np.ndarray) and dest.size == selected.num_rows
-        real_stream(parts, selected, dest, **kwargs)
+        return real_stream(parts, selected, dest, **kwargs)
 
     def quality(*args: Any) -> Any:
         gc.collect()
