@@ -262,3 +262,36 @@ def test_the_pools_and_the_permutation_go_before_they_are_idle(
     assert pools and alive == {"order while streaming": False, "pools after the plan": False}
     one, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
     assert _digests(paths) == _digests(one)
+
+
+def test_selection_takes_the_merged_candidates_so_each_drop_replaces_them(
+    lake: tuple[VidlakeCatalog, Path],
+    recipe: Recipe,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The drops after the join filter the candidates into new tables; the merged
+    table is not kept beside them until selection returns."""
+    from materializer import select as sel
+    from materializer.cut import checked_pin
+
+    catalog, _ = lake
+    merged: list[weakref.ref[pa.Table]] = []
+    real_candidates, real_gate = sel._candidates, sel._phase_gate
+
+    def candidates(*args: Any, **kwargs: Any) -> Any:
+        found = real_candidates(*args, **kwargs)
+        merged.append(weakref.ref(found.kept))
+        return found
+
+    seen: list[bool] = []
+
+    def gate(recipe: Recipe, table: pa.Table, drops: dict[str, int]) -> pa.Table:
+        gc.collect()
+        seen.append(merged[0]() is not None and merged[0]() is not table)
+        return real_gate(recipe, table, drops)
+
+    monkeypatch.setattr(sel, "_candidates", candidates)
+    monkeypatch.setattr(sel, "_phase_gate", gate)
+    selection = sel.select(catalog, recipe, checked_pin(catalog, recipe, None))
+    assert selection.drops and seen == [False]
+    selection.close()
