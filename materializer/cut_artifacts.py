@@ -206,6 +206,7 @@ def write_artifacts(
                 report("index", 0.0)
                 assert dest is not None
                 distinct = _stream_rows(recipe, parts, selected, dest, index_path, manifest_path)
+                dest = None  # its last reader: not held through the quality report
                 counts = SampleCounts(n, *distinct, per_stream)
                 report("manifest", 0.0)
             report("manifest", 1.0)
