@@ -144,24 +144,14 @@ def write_artifacts(
         selected = selected.select([c for c in keep if c in selected.column_names])
         release_unused()
     n = selected.num_rows
-    perm = scatter_order(n, recipe.seed)
+    order = pa.array(scatter_order(n, recipe.seed))
     report("plan", 0.0)
     plan_path, lineage_path = out / "plan.arrow", out / LINEAGE_NAME
+    few = selected.select([c for c in _PLAN_COLUMNS if c in selected.column_names])
     # The plan takes the specs: their pools (~24 B a sample) go once it is written,
     # not at the end of the stream and the quality report.
-    order, dest = None, None
-    if parts is None:
-        order = pa.array(perm)
-        few = selected.select([c for c in _PLAN_COLUMNS if c in selected.column_names])
-        held = [phase_specs(recipe, with_rows(few.take(order)))]
-        del few  # it shares the sorted rows' buffers
-    else:
-        # One permutation from here on, each sorted sample's manifest row: the pools
-        # are cut from the sorted rows (no scattered copy of the plan's columns) and
-        # the stream places the rows by it.
-        dest = _inverse(perm)
-        held = [phase_specs(recipe, selected, dest)]
-    del perm
+    held = [phase_specs(recipe, with_rows(few.take(order)))]
+    del few  # it shares the sorted rows' buffers
     executor, workers = plan_on
     if sum(_max_plan_rows(recipe)) < PARALLEL_PLAN_ROWS:
         executor, workers = None, 1
@@ -186,7 +176,7 @@ def write_artifacts(
         planned = side.submit(plan)
         try:
             report("scatter", 0.0)
-            samples = with_rows(selected.take(order)) if order is not None else None
+            samples = with_rows(selected.take(order)) if parts is None else None
             # The quality report reads the rows the plan draws from the written manifest
             # where the driver holds no scattered copy of them.
             measured = manifest_path if samples is None else samples
@@ -204,9 +194,11 @@ def write_artifacts(
             else:
                 queued += [side.submit(lineage)]
                 report("index", 0.0)
-                assert dest is not None
+                # One permutation held through the stream, not it and its inverse.
+                dest = _inverse(order.to_numpy())
+                del order
                 distinct = _stream_rows(recipe, parts, selected, dest, index_path, manifest_path)
-                dest = None  # its last reader: not held through the quality report
+                del dest  # its last reader: not held through the quality report
                 counts = SampleCounts(n, *distinct, per_stream)
                 report("manifest", 0.0)
             report("manifest", 1.0)
@@ -279,29 +271,19 @@ def with_rows(table: pa.Table) -> pa.Table:
     return table.add_column(0, "row", pa.array(np.arange(table.num_rows, dtype=np.int64)))
 
 
-def phase_specs(
-    recipe: Recipe, samples: pa.Table, dest: NDArray[np.int64] | None = None
-) -> list[PhaseSpec]:
-    """Each phase's spec: its pool of ``samples`` (in manifest order, with ``row``),
-    or, with ``dest``, of ``samples`` in any order, sample ``i`` being manifest row
-    ``dest[i]`` (a partitioned driver's sorted rows, not gathered again); each pool is
-    then put in manifest-row order, so the specs hold the same arrays."""
+def phase_specs(recipe: Recipe, samples: pa.Table) -> list[PhaseSpec]:
     names = [s.name for s in recipe.streams]
     keys = recipe.buckets.bucket_keys()
     specs = []
-    names_read = ["stream", "bucket", "tokens"]  # not the whole view
-    if dest is None:
-        columns = samples.select(["row", *names_read])
-    else:
-        columns = samples.select(names_read).append_column("row", pa.array(dest))
+    columns = samples.select(["row", "stream", "bucket", "tokens"])  # not the whole view
     for i, phase in enumerate(recipe.phases):
         part = columns.filter(phase_mask(recipe, i, samples))
-        arrays = {c: part[c].to_numpy() for c in ("row", *names_read)}
-        if dest is not None:
-            by = np.argsort(arrays["row"])  # rows are unique: any sort is this order
-            arrays = {c: a[by] for c, a in arrays.items()}
-        del part
-        pool = Pool(**arrays)
+        pool = Pool(
+            row=part["row"].to_numpy(),
+            stream=part["stream"].to_numpy(),
+            bucket=part["bucket"].to_numpy(),
+            tokens=part["tokens"].to_numpy(),
+        )
         specs.append(
             PhaseSpec(
                 index=i,

@@ -295,31 +295,3 @@ def test_selection_takes_the_merged_candidates_so_each_drop_replaces_them(
     selection = sel.select(catalog, recipe, checked_pin(catalog, recipe, None))
     assert selection.drops and seen == [False]
     selection.close()
-
-
-def test_pools_cut_from_the_sorted_rows_equal_those_of_the_scattered_rows(
-    lake: tuple[VidlakeCatalog, Path], recipe: Recipe, tmp_path: Path
-) -> None:
-    """A partitioned driver cuts each phase's pool from its sorted rows with their
-    manifest rows, instead of a scattered copy of the plan's columns: the same arrays."""
-    import numpy as np
-
-    from materializer.cut import checked_pin
-    from materializer.plan import scatter_order
-    from materializer.select import select
-
-    catalog, _ = lake
-    execution = Execution(LocalExecutor(1), 3, scratch=str(tmp_path))
-    selection = select(catalog, recipe, checked_pin(catalog, recipe, None), execution=execution)
-    selected = selection.samples
-    order = scatter_order(selected.num_rows, recipe.seed)
-    dest = np.empty_like(order)
-    dest[order] = np.arange(order.size)
-    scattered = artifacts.phase_specs(recipe, artifacts.with_rows(selected.take(pa.array(order))))
-    cut_sorted = artifacts.phase_specs(recipe, selected, dest)
-    assert len(scattered) == len(cut_sorted) == len(recipe.phases)
-    for a, b in zip(scattered, cut_sorted, strict=True):
-        assert len(a.pool) > 0
-        for name in ("row", "stream", "bucket", "tokens"):
-            assert np.array_equal(getattr(a.pool, name), getattr(b.pool, name)), name
-    selection.close()
