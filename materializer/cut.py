@@ -54,7 +54,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -64,13 +63,13 @@ from manifests.inputs import INPUTS_KEY, cut_inputs_sha256
 from manifests.tags import tag_published
 from materializer.coverage import check_min_coverage
 from materializer.cut_artifacts import (
+    SampleCounts,
     phase_specs,
     plan_workers,
     with_rows,
     write_artifacts,
     write_named_plan,
 )
-from materializer.partition_merge import distinct_clips
 from materializer.plan import PlanSummary, scatter_order
 from materializer.quality import quality_summary
 from materializer.recipe import Recipe, recipe_notes
@@ -212,13 +211,13 @@ def build_artifacts(
         check_pools(recipe, selection.samples)
         clips = sorted_distinct_clips(selection.samples)  # before write_artifacts takes them
         # It takes the selection's samples: the sorted rows go once they are scattered.
-        written = write_artifacts(recipe, selection, out, report, plan_workers(execution))
+        written = write_artifacts(
+            recipe, selection, out, report, plan_workers(execution), clips=clips
+        )
     finally:
         selection.close()  # a partitioned selection's kept-sample files
-    samples, summary, quality = written.samples, written.summary, written.quality
-    snapshot = snapshot_doc(
-        recipe, pin, selection, samples, summary, clips=clips, assets=written.assets
-    )
+    summary, quality = written.summary, written.quality
+    snapshot = snapshot_doc(recipe, pin, selection, written.counts, summary)
     snapshot.update(embedding_facts(recipe, pin, selection))
     record_repeats(snapshot, summary)
     snapshot["quality"] = quality_summary(quality)
@@ -312,16 +311,11 @@ def snapshot_doc(
     recipe: Recipe,
     pin: Pin,
     selection: Selection,
-    samples: pa.Table,
+    counts: SampleCounts,
     summary: PlanSummary,
-    *,
-    clips: int | None = None,
-    assets: int | None = None,
 ) -> dict[str, Any]:
     """snapshot.json of a cut, less what the registry and the later stages fill;
-    ``clips`` and ``assets``, when given, are the distinct clips and assets already
-    counted (:func:`sorted_distinct_clips`; the quality stage's asset codes), else
-    they are counted here."""
+    ``counts`` are the selected samples' (:func:`~materializer.cut_artifacts.sample_counts`)."""
     keys = recipe.buckets.bucket_keys()
     plan = summary.to_dict()
     stream_names = selection.stream_names
@@ -353,7 +347,6 @@ def snapshot_doc(
     for b, key in enumerate(keys):
         frames, aspect = key.split("x", 1)
         buckets.append({"id": b, "key": key, "num_frames": int(frames), "aspect": aspect})
-    stream_counts = np.bincount(samples["stream"].to_numpy(), minlength=len(stream_names))
     return {
         "format": FORMAT_VERSION,
         "recipe": json.loads(recipe.to_canonical_json()),
@@ -364,14 +357,10 @@ def snapshot_doc(
         INPUTS_KEY: cut_inputs_sha256(recipe.sha256(), pin.to_dict(), code_version()),
         "counts": {
             "candidates": selection.candidates,
-            "samples": samples.num_rows,
-            "clips": distinct_clips(samples) if clips is None else clips,
-            "assets": (
-                int(pc.count_distinct(samples["asset_id"]).as_py()) if assets is None else assets
-            ),
-            "samples_per_stream": {
-                n: int(c) for n, c in zip(stream_names, stream_counts, strict=True)
-            },
+            "samples": counts.samples,
+            "clips": counts.clips,
+            "assets": counts.assets,
+            "samples_per_stream": dict(zip(stream_names, counts.per_stream, strict=True)),
         },
         "drops": selection.drops,
         "stream_shares": shares,

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from numpy.typing import NDArray
 
 from catalog.errors import InvalidRecipe
 from manifests.format import INDEX_SCHEMA, LINEAGE_NAME, QUALITY_NAME
@@ -41,7 +42,7 @@ from materializer.partition_merge import (
     POS,
     KeptParts,
     compact_batches,
-    row_columns,
+    distinct_clips,
     stream_artifacts,
 )
 from materializer.plan import PhaseSpec, PlanSummary, Pool, scatter_order, write_plan
@@ -52,9 +53,11 @@ from materializer.select import Execution, Selection, phase_mask
 
 __all__ = [
     "PARALLEL_PLAN_ROWS",
+    "SampleCounts",
     "Written",
     "phase_specs",
     "plan_workers",
+    "sample_counts",
     "with_rows",
     "write_artifacts",
     "write_named_plan",
@@ -73,12 +76,15 @@ _PARQUET_OPTIONS: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class Written:
-    samples: pa.Table
+    """What :func:`write_artifacts` leaves: the samples in manifest order (None for a
+    partitioned selection, whose rows the driver never gathers), the artifacts' paths,
+    the plan's summary, the quality report and the samples' counts."""
+
+    samples: pa.Table | None
     paths: dict[str, Path]
     summary: PlanSummary
     quality: dict[str, Any]
-    #: The samples' distinct asset ids, counted by the quality stage (None: not there).
-    assets: int | None = None
+    counts: SampleCounts
 
 
 #: Plans below this many rows are generated in one process even when the cut has an
@@ -103,6 +109,8 @@ def write_artifacts(
     out: Path,
     report: Progress,
     plan_on: tuple[Executor | None, int],
+    *,
+    clips: int | None = None,
 ) -> Written:
     """The ``scatter``, ``plan``, ``index``, ``manifest``, ``quality`` and ``lineage``
     stages; the samples in manifest order with the rest.
@@ -116,7 +124,11 @@ def write_artifacts(
     With ``selection.parts`` (a partitioned selection's kept-sample files), its samples
     hold only the driver columns, and the index and manifest are streamed from the files
     on this thread (:func:`~materializer.partition_merge.stream_artifacts`): the same
-    bytes.
+    bytes. The driver then never gathers its rows in manifest order: the quality report
+    reads what it needs of the written manifest (:mod:`materializer.quality_rows`), and
+    the distinct clips and assets are counted in the streamed write
+    (:mod:`materializer.distinct`). ``clips``, when given, is the distinct clips of a
+    one-process selection, already counted.
 
     The selection's samples are taken (``selection.samples`` is left empty): once
     scattered, the sorted rows are dropped, but for what the streaming reads (the
@@ -125,12 +137,22 @@ def write_artifacts(
     selected, parts, query_rows = selection.samples, selection.parts, selection.rows
     selection.samples = selected.schema.empty_table()  # a slice would keep the buffers
     selection.rows = None  # the query's rows go once gathered into manifest order
+    k = len(selection.stream_names)
+    per_stream = [int(c) for c in np.bincount(selected["stream"].to_numpy(), minlength=k)]
+    counts: SampleCounts | None = None
+    if parts is not None:
+        # The driver reads only these from here on (the counts were taken).
+        keep = dict.fromkeys([*_PLAN_COLUMNS, *_STREAM_COLUMNS])  # bucket is in both
+        selected = selected.select([c for c in keep if c in selected.column_names])
+        release_unused()
     n = selected.num_rows
     order = pa.array(scatter_order(n, recipe.seed))
     report("plan", 0.0)
     plan_path, lineage_path = out / "plan.arrow", out / LINEAGE_NAME
     few = selected.select([c for c in _PLAN_COLUMNS if c in selected.column_names])
-    specs = phase_specs(recipe, with_rows(few.take(order)))
+    # The plan takes the specs: their pools (~24 B a sample) go once it is written,
+    # not at the end of the stream and the quality report.
+    held = [phase_specs(recipe, with_rows(few.take(order)))]
     del few  # it shares the sorted rows' buffers
     executor, workers = plan_on
     if sum(_max_plan_rows(recipe)) < PARALLEL_PLAN_ROWS:
@@ -144,8 +166,10 @@ def write_artifacts(
         release_unused()
 
     def plan() -> PlanSummary:
+        specs = held.pop()
         summary = write_named_plan(plan_path, recipe, specs, executor, workers)
-        release_unused()  # the plan's step chunks, freed on this thread
+        del specs
+        release_unused()  # the plan's step chunks and pools, freed on this thread
         return summary
 
     index_path, manifest_path = out / "index.arrow", out / "manifest.parquet"
@@ -154,26 +178,39 @@ def write_artifacts(
         planned = side.submit(plan)
         try:
             report("scatter", 0.0)
+            samples: pa.Table | None = None
             if query_rows is not None:
                 # The wide columns, gathered once: straight into manifest order.
                 samples = with_rows(gather_scattered(query_rows, selected, order))
                 del query_rows
-            else:
-                samples = with_rows(row_columns(selected, parts).take(order))
+            elif parts is None:
+                samples = with_rows(selected.take(order))
+            # The quality report reads the rows the plan draws from the written manifest
+            # where the driver holds no scattered copy of them.
+            measured = manifest_path if samples is None else samples
             selected = selected.select(list(_STREAM_COLUMNS) if parts is not None else [])
             release_unused()  # the sorted rows, the merge's and the plan inputs' temporaries
             report("scatter", 1.0)
             if parts is None:
+                assert samples is not None
                 # Queued behind the plan, then lineage: the two threads' shares even out.
                 report("index", 0.0)
                 queued += [side.submit(_write_index, index_path, recipe, samples)]
                 queued += [side.submit(lineage)]
                 report("manifest", 0.0)
                 _write_parquet(manifest_path, _manifest_table(recipe, samples))
+                # While the side thread still plans: Arrow's distinct count of the asset
+                # ids (~0.3 s at 1M) releases the GIL, so it overlaps there.
+                counts = sample_counts(samples, k, clips)
             else:
                 queued += [side.submit(lineage)]
                 report("index", 0.0)
-                _stream_rows(recipe, parts, selected, order, index_path, manifest_path)
+                # One permutation held through the stream, not it and its inverse.
+                dest = _inverse(order.to_numpy())
+                del order
+                distinct = _stream_rows(recipe, parts, selected, dest, index_path, manifest_path)
+                del dest  # its last reader: not held through the quality report
+                counts = SampleCounts(n, *distinct, per_stream)
                 report("manifest", 0.0)
             report("manifest", 1.0)
             summary = planned.result()
@@ -181,8 +218,7 @@ def write_artifacts(
             report("lineage", 0.0)
             # The plan quality report (materializer/quality.py); a recipe threshold fails here.
             report("quality", 0.0)
-            distinct: dict[str, int] = {}
-            quality_path, quality = cut_quality(recipe, plan_path, samples, out, distinct=distinct)
+            quality_path, quality = cut_quality(recipe, plan_path, measured, out)
             report("quality", 1.0)
             if parts is None:
                 queued[0].result()
@@ -200,7 +236,30 @@ def write_artifacts(
         "index.arrow": index_path,
         LINEAGE_NAME: lineage_path,
     }
-    return Written(samples, paths, summary, quality, distinct.get("asset_id"))
+    assert counts is not None  # both paths set them
+    return Written(samples, paths, summary, quality, counts)
+
+
+@dataclass(frozen=True)
+class SampleCounts:
+    """snapshot.json's counts of the selected samples: the same in any row order."""
+
+    samples: int
+    clips: int
+    assets: int
+    per_stream: list[int]
+
+
+def sample_counts(samples: pa.Table, num_streams: int, clips: int | None = None) -> SampleCounts:
+    """The counts of ``samples`` (``clips``, when given, the distinct clips already
+    counted, :func:`~materializer.cut.sorted_distinct_clips`)."""
+    per_stream = np.bincount(samples["stream"].to_numpy(), minlength=num_streams)
+    return SampleCounts(
+        samples=samples.num_rows,
+        clips=distinct_clips(samples) if clips is None else clips,
+        assets=int(pc.count_distinct(samples["asset_id"]).as_py()),
+        per_stream=[int(c) for c in per_stream],
+    )
 
 
 #: What the streamed index and manifest read of the sorted samples, once scattered.
@@ -362,18 +421,26 @@ def _stream_rows(
     recipe: Recipe,
     parts: KeptParts,
     selected: pa.Table,
-    order: pa.Array,
+    dest: NDArray[np.int64],
     index_path: Path,
     manifest_path: Path,
-) -> None:
-    """The index and the manifest of a partitioned selection, streamed from its files."""
-    stream_artifacts(
+) -> tuple[int, int]:
+    """The index and the manifest of a partitioned selection, streamed from its files
+    (``dest``: each sorted sample's manifest row); its distinct clips and assets."""
+    return stream_artifacts(
         parts,
         selected,
-        order.to_numpy(),
+        dest,
         index=(index_path, lambda chunk: _index_table(recipe, chunk)),
         manifest=(manifest_path, lambda chunk: _manifest_table(recipe, chunk), _PARQUET_OPTIONS),
     )
+
+
+def _inverse(order: NDArray[np.int64]) -> NDArray[np.int64]:
+    """The inverse of the permutation ``order``."""
+    dest = np.empty(order.size, dtype=np.int64)
+    dest[order] = np.arange(order.size, dtype=np.int64)
+    return dest
 
 
 def _write_parquet(path: Path, table: pa.Table) -> None:

@@ -52,6 +52,7 @@ from materializer.cut import (
     record_repeats,
     snapshot_doc,
 )
+from materializer.cut_artifacts import sample_counts
 from materializer.quality import check_quality, plan_quality, quality_summary
 from materializer.recipe import Recipe
 from materializer.select import Selection, check_pools, select
@@ -151,7 +152,8 @@ def _plan(
         samples, summary, plan_path = plan_samples(recipe, selection.samples, out, progress=report)
     except (InvalidRecipe, InvalidInput) as exc:
         return _problem(exc)
-    doc = snapshot_doc(recipe, pin, selection, samples, summary)
+    counts = sample_counts(samples, len(selection.stream_names))
+    doc = snapshot_doc(recipe, pin, selection, counts, summary)
     doc.update(embedding_facts(recipe, pin, selection))
     record_repeats(doc, summary)
     result.update({k: doc.get(k) for k in _FROM_SNAPSHOT})

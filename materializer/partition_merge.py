@@ -51,6 +51,7 @@ import pyarrow.parquet as pq
 from numpy.typing import NDArray
 
 from manifests.ipc import ipc_writer, read_table, write_table
+from materializer.distinct import DistinctCounts
 from materializer.memory import release_unused
 
 if TYPE_CHECKING:
@@ -64,7 +65,6 @@ __all__ = [
     "driver_columns",
     "merge_order",
     "packed_ids",
-    "row_columns",
     "spill_kept",
     "stream_artifacts",
 ]
@@ -74,20 +74,20 @@ __all__ = [
 #: many rows), so the chunked files equal whole ones and a chunk's wide rows, the
 #: most the driver holds of them, are a few hundred MB whatever the cut's size.
 CHUNK_ROWS = 1 << 18
-#: Driver-side bookkeeping columns: partition number, row position in its file, and
-#: (where the driver has no ``clip_id``) the clip's number in its partition.
-PART, POS, CLIP = "_part", "_pos", "_clip"
+#: Driver-side bookkeeping columns: partition number and row position in its file.
+PART, POS = "_part", "_pos"
 #: Columns every cut's driver reads: selection's drops (no latent frames, buckets,
-#: streams), the phase masks and pools, and the quality report's keys.
+#: streams), the phase masks and pools. The quality report's keys are read from the
+#: written manifest, the distinct clips and assets counted in the streamed write
+#: (:mod:`materializer.distinct`).
 _ALWAYS = ("rung", "tier", "stream", "tokens", "latent_frames", "aspect")
-_QUALITY_KEYS = ("source", "asset_id", "cluster")
 
 
 def driver_columns(recipe: Recipe) -> tuple[str, ...]:
     """The kept-sample columns the driver of a cut of ``recipe`` reads; the others
     stay in the partitions' files. The clip id and the rank score only when the
     recipe drops by embeddings, the tensor keys only when it names some."""
-    names = [*_ALWAYS, *_QUALITY_KEYS]
+    names = list(_ALWAYS)
     if recipe.tensor_keys:
         names.append("tensor_keys")
     if recipe.exclusions.eval_near_duplicates is not None or recipe.semantic_dedup:
@@ -107,9 +107,6 @@ def spill_kept(kept: pa.Table, directory: str, columns: tuple[str, ...]) -> tupl
     if "asset_id" in narrow.column_names:
         at = narrow.schema.get_field_index("asset_id")
         narrow = narrow.set_column(at, "asset_id", packed_ids(narrow["asset_id"]))
-    if "clip_id" not in narrow.column_names:
-        codes = pc.dictionary_encode(kept["clip_id"]).combine_chunks().indices
-        narrow = narrow.append_column(CLIP, pc.cast(codes, pa.int32()))
     positions = pa.array(np.arange(kept.num_rows, dtype=np.int64))
     return narrow.append_column(POS, positions), path
 
@@ -143,29 +140,10 @@ def packed_ids(column: pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     )
 
 
-#: What a partitioned cut reads of its scattered samples after the plan: the quality
-#: report's per-row arrays and keys, and the snapshot's counts of clips and assets.
-_ROW_COLUMNS = ("stream", "bucket", "tokens", *_QUALITY_KEYS, "clip_id", PART, CLIP)
-
-
-def row_columns(selected: pa.Table, parts: KeptParts | None) -> pa.Table:
-    """``selected`` as the scattered samples need it: every column in the
-    one-process cut (``parts`` None), else only what is read after the plan (the
-    scatter then gathers ~40 B a row fewer)."""
-    if parts is None:
-        return selected
-    return selected.select([c for c in _ROW_COLUMNS if c in selected.column_names])
-
-
 def distinct_clips(samples: pa.Table) -> int:
-    """The distinct clips among ``samples``: by ``clip_id``, or, in a partitioned
-    cut's driver columns without it, by ``(_part, _clip)`` (partitions hold disjoint
-    ``clip_id`` ranges, ``_clip`` numbers a partition's clips)."""
-    if "clip_id" in samples.column_names:
-        return int(pc.count_distinct(samples["clip_id"]).as_py())
-    part = samples[PART].to_numpy().astype(np.int64)
-    clip = samples[CLIP].to_numpy().astype(np.int64)
-    return int(np.unique((part << 32) | clip).size)
+    """The distinct clips among ``samples`` (a partitioned driver, without the
+    column, counts them in the streamed write: :mod:`materializer.distinct`)."""
+    return int(pc.count_distinct(samples["clip_id"]).as_py())
 
 
 def merge_order(parts: list[pa.Table]) -> pa.Table:
@@ -234,30 +212,34 @@ TableOf = Callable[[pa.Table], pa.Table]
 def stream_artifacts(
     parts: KeptParts,
     selected: pa.Table,
-    order: NDArray[np.int64],
+    dest: NDArray[np.int64],
     *,
     index: tuple[Path, TableOf],
     manifest: tuple[Path, TableOf, dict[str, Any]],
-) -> None:
+) -> tuple[int, int]:
     """Write the index and the manifest of ``selected`` (the driver columns in sorted
-    order, with ``bucket``, ``_part`` and ``_pos``) scattered by ``order``, from the
-    partition files, in chunks of :data:`CHUNK_ROWS` rows. ``index`` and ``manifest``
-    name each file and turn a chunk of samples (manifest order, with ``row``) into
-    its rows; ``manifest`` adds the Parquet writer's options."""
+    order, with ``bucket``, ``_part`` and ``_pos``), each sorted sample at its manifest
+    row ``dest``, from the partition files, in chunks of :data:`CHUNK_ROWS` rows.
+    ``index`` and ``manifest`` name each file and turn a chunk of samples (manifest
+    order, with ``row``) into its rows; ``manifest`` adds the Parquet writer's options.
+    Returns the distinct clips and assets of the selected rows, counted on the way."""
     group = manifest[2]["row_group_size"]
     if group <= 0 or CHUNK_ROWS % group:
         raise ValueError(f"a chunk of {CHUNK_ROWS} rows is not whole row groups of {group}")
-    n = selected.num_rows
-    dest = np.empty(n, dtype=np.int64)
-    dest[order] = np.arange(n, dtype=np.int64)  # sorted sample -> manifest row
     schema = parts.schema()
     spill = Path(parts.directory) / f"shuffle-{uuid.uuid4().hex}"
     spill.mkdir()
+    counts = DistinctCounts(spill / "distinct")
     try:
-        buckets = _scatter_pass(parts, selected, dest, schema, spill)
-        bucket_ids = selected["bucket"].to_numpy()[order]
+        buckets = _scatter_pass(parts, selected, dest, schema, spill, counts)
+        sorted_buckets = selected["bucket"].to_numpy()
+        bucket_ids = np.empty_like(sorted_buckets)
+        bucket_ids[dest] = sorted_buckets  # in manifest order
+        del sorted_buckets
         _write_pass(buckets, bucket_ids, schema, index, manifest)
+        return counts.clips, counts.assets()
     finally:
+        counts.close()
         shutil.rmtree(spill, ignore_errors=True)
 
 
@@ -267,10 +249,11 @@ def _scatter_pass(
     dest: NDArray[np.int64],
     schema: pa.Schema,
     spill: Path,
+    counts: DistinctCounts,
 ) -> list[Path]:
     """Pass 1: every partition file's selected rows, cut by destination chunk and
-    appended to that chunk's spill file (rows with their manifest row ``_dest``);
-    each partition file is removed once read."""
+    appended to that chunk's spill file (rows with their manifest row ``_dest``),
+    and added to ``counts``; each partition file is removed once read."""
     n = selected.num_rows
     count = max(1, -(-n // CHUNK_ROWS))
     paths = [spill / f"chunk-{j:06d}.arrows" for j in range(count)]
@@ -290,6 +273,7 @@ def _scatter_pass(
             by = np.argsort(to, kind="stable")  # chunk by chunk, each in manifest order
             rows, to = rows[by], to[by]
             table = _conform(read_table(path).take(pa.array(rows)), schema)
+            counts.add(table)
             table = table.append_column("_dest", pa.array(to))
             for j, lo, hi in _runs(to // CHUNK_ROWS):
                 writers[j].write_table(table.slice(lo, hi - lo))

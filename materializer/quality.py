@@ -59,6 +59,12 @@ from catalog.errors import InvalidInput
 from manifests.format import QUALITY_NAME
 from manifests.ipc import iter_batches
 from materializer.memory import release_unused
+from materializer.quality_rows import (
+    AUTOCORR_KEYS,
+    DrawnRows,
+    drawn_rows,
+    manifest_slices,
+)
 
 if TYPE_CHECKING:
     from materializer.recipe import Recipe
@@ -69,11 +75,13 @@ __all__ = [
     "DEFAULT_WINDOW_STEPS",
     "MAX_LAGS",
     "MAX_WINDOW_POINTS",
+    "DrawnRows",
     "PhaseTarget",
     "PlanArrays",
     "autocorrelation",
     "check_quality",
     "cut_quality",
+    "drawn_report",
     "plan_quality",
     "quality_bytes",
     "quality_report",
@@ -89,8 +97,6 @@ MAX_WINDOW_POINTS = 200
 #: Positions compared per lag at most; beyond it, evenly spaced contiguous blocks.
 ACF_POSITIONS = 1 << 21
 _ACF_BLOCK = 1 << 16
-#: The manifest columns whose autocorrelation is reported, when present.
-AUTOCORR_KEYS = ("source", "asset_id", "cluster")
 _THRESHOLDS = ("max_autocorr_beyond_batch", "max_share_deviation")
 
 Ints = NDArray[np.int64]
@@ -146,17 +152,12 @@ def read_plan(path: str | Path) -> PlanArrays:
 
 # -- the cut's entry points -----------------------------------------------------------
 def cut_quality(
-    recipe: Recipe,
-    plan_path: Path,
-    samples: pa.Table,
-    out: Path,
-    *,
-    distinct: dict[str, int] | None = None,
+    recipe: Recipe, plan_path: Path, samples: pa.Table | Path, out: Path
 ) -> tuple[Path, dict[str, Any]]:
     """The cut's ``quality`` stage: measure the plan, fail on a threshold
     (:func:`check_quality`), else write ``out/quality.json``; its path and the report.
-    ``distinct``: see :func:`plan_quality`."""
-    report = plan_quality(plan_path, samples, recipe, distinct=distinct)
+    ``samples`` as :func:`plan_quality` takes them."""
+    report = plan_quality(plan_path, samples, recipe)
     check_quality(report)
     path = out / QUALITY_NAME
     write_bytes(path, quality_bytes(report))
@@ -170,20 +171,12 @@ def quality_bytes(report: Mapping[str, Any]) -> bytes:
     return text.encode("utf-8")
 
 
-def plan_quality(
-    plan_path: str | Path,
-    samples: pa.Table,
-    recipe: Recipe,
-    *,
-    distinct: dict[str, int] | None = None,
-) -> dict[str, Any]:
+def plan_quality(plan_path: str | Path, samples: pa.Table | Path, recipe: Recipe) -> dict[str, Any]:
     """The quality report of a cut: ``plan.arrow`` against the manifest's ``samples``
     (manifest row order, with ``stream``, ``bucket``, ``tokens`` and the
-    :data:`AUTOCORR_KEYS` present) and the recipe's targets and thresholds.
-
-    ``distinct``, when given, gets each non-integer key's count of distinct non-null
-    values, read off the codes computed here anyway (the snapshot's asset count: a
-    second hash of 600k asset ids cost ~0.3 s at the end of the 1M-clip cut)."""
+    :data:`AUTOCORR_KEYS` present), or against ``manifest.parquet`` at that path, read
+    one row group at a time (the same report), and the recipe's targets and
+    thresholds. Only the drawn rows' values are kept (:mod:`materializer.quality_rows`)."""
     names = [s.name for s in recipe.streams]
     targets = [
         PhaseTarget(
@@ -197,22 +190,15 @@ def plan_quality(
     batch = max(
         max([p.global_batch.default, *p.global_batch.overrides.values()]) for p in recipe.phases
     )
-    keys = {k: _codes(samples[k]) for k in AUTOCORR_KEYS if k in samples.column_names}
-    if distinct is not None:
-        for k, codes in keys.items():
-            if not pa.types.is_integer(samples[k].type):
-                # Dictionary codes are 0 .. k-1, nulls one more code past them.
-                nulls = 1 if samples[k].null_count else 0
-                distinct[k] = int(codes.max(initial=-1)) + 1 - nulls
-    # The encodings' hash tables (~75 B a row for asset ids) are freed Arrow memory
-    # that mimalloc would keep, and the report's numpy arrays cannot reuse.
+    plan = read_plan(plan_path)
+    slices = [samples] if isinstance(samples, pa.Table) else manifest_slices(samples)
+    drawn = drawn_rows(plan.rows, slices)
+    # The slices and the encodings' hash tables are freed Arrow memory that mimalloc
+    # would keep, and the report's numpy arrays cannot reuse.
     release_unused()
-    return quality_report(
-        read_plan(plan_path),
-        stream=samples["stream"].to_numpy().astype(np.int64),
-        bucket=samples["bucket"].to_numpy().astype(np.int64),
-        tokens=samples["tokens"].to_numpy().astype(np.int64),
-        keys=keys,
+    return drawn_report(
+        plan,
+        drawn,
         phases=targets,
         stream_names=names,
         bucket_names=list(recipe.buckets.bucket_keys()),
@@ -269,15 +255,48 @@ def quality_report(
     """The report of ``plan`` over manifest rows with the given per-row arrays.
 
     ``stream``, ``bucket``, ``tokens`` and every array of ``keys`` (integer codes,
-    e.g. :func:`_codes` of a string column) are indexed by manifest row.
+    e.g. :func:`~materializer.quality_rows.codes` of a string column) are indexed by
+    manifest row. The same report as :func:`drawn_report` of their drawn rows.
     """
+    drawn = DrawnRows.of_arrays(plan.rows, stream, bucket, tokens, keys)
+    return drawn_report(
+        plan,
+        drawn,
+        phases=phases,
+        stream_names=stream_names,
+        bucket_names=bucket_names,
+        global_batch=global_batch,
+        window_steps=window_steps,
+        thresholds=thresholds,
+    )
+
+
+def drawn_report(
+    plan: PlanArrays,
+    drawn: DrawnRows,
+    *,
+    phases: Sequence[PhaseTarget],
+    stream_names: Sequence[str],
+    bucket_names: Sequence[str],
+    global_batch: int,
+    window_steps: int = DEFAULT_WINDOW_STEPS,
+    thresholds: Mapping[str, float | None] | None = None,
+) -> dict[str, Any]:
+    """The report of ``plan`` over the manifest's ``drawn`` rows: every per-row array
+    is indexed by the plan's rows renumbered to their place in ``drawn.rows`` (the
+    equalities and counts it measures are the same), so it is O(plan), whatever the
+    manifest's size."""
     if window_steps < 1 or global_batch < 1:
         raise InvalidInput("window_steps and global_batch must be >= 1", field="window_steps")
+    local = np.searchsorted(drawn.rows, plan.rows)
+    plan = PlanArrays(phase=plan.phase, offsets=plan.offsets, rows=local)
     steps = plan.sample_steps()
-    phase_docs = _shares(plan, steps, stream, tokens, phases, stream_names, window_steps)
+    width = max([len(stream_names), *(s + 1 for s, _ in drawn.available), 1])
+    phase_docs = _shares(
+        plan, steps, drawn.stream, drawn.tokens, phases, stream_names, window_steps, width
+    )
     lags = _lags(global_batch, plan.rows.size)
-    draws = np.bincount(plan.rows, minlength=stream.size)
-    series = {k: _key_acf(_dense(c), plan.rows, lags, draws) for k, c in keys.items()}
+    series = {k: _key_acf(_dense(c), plan.rows, lags) for k, c in drawn.keys.items()}
     beyond = lags > global_batch
     acf_max = max((float(np.abs(s[beyond]).max(initial=0.0)) for s in series.values()), default=0.0)
     share_max = max((p["max_abs_deviation"] for p in phase_docs), default=0.0)
@@ -295,7 +314,7 @@ def quality_report(
         "thresholds": limits,
         "passed": passed,
         "phases": phase_docs,
-        "epochs": _epochs(plan.rows, stream, bucket, stream_names, bucket_names),
+        "epochs": _epochs(plan.rows, drawn, stream_names, bucket_names),
         "autocorr": {
             "lags": lags.tolist(),
             "series": {k: [round(float(v), 6) for v in s] for k, s in series.items()},
@@ -327,9 +346,10 @@ def _shares(
     phases: Sequence[PhaseTarget],
     stream_names: Sequence[str],
     window: int,
+    k: int,
 ) -> list[dict[str, Any]]:
-    """Per phase: realized share vs target over sliding windows of ``window`` steps."""
-    k = max(len(stream_names), int(stream.max(initial=-1)) + 1, 1)
+    """Per phase: realized share vs target over sliding windows of ``window`` steps
+    (``k`` streams: above every stream id of the manifest)."""
     sample_stream = stream[plan.rows]
     flat = steps * k + sample_stream
     size = plan.num_steps * k
@@ -391,16 +411,18 @@ def _phase_shares(
 
 def _epochs(
     rows: Ints,
-    stream: Ints,
-    bucket: Ints,
+    drawn: DrawnRows,
     stream_names: Sequence[str],
     bucket_names: Sequence[str],
 ) -> list[dict[str, Any]]:
-    """Per (stream, bucket) present in the manifest: rows, plan draws, draws / rows."""
-    nb = max(len(bucket_names), int(bucket.max(initial=-1)) + 1, 1)
-    pair = stream * nb + bucket
-    size = int(pair.max(initial=-1)) + 1
-    available = np.bincount(pair, minlength=size)
+    """Per (stream, bucket) present in the manifest: rows, plan draws, draws / rows
+    (``rows``: the plan's, as places in ``drawn.rows``)."""
+    nb = max([len(bucket_names), *(b + 1 for _, b in drawn.available), 1])
+    size = max([s * nb + b + 1 for s, b in drawn.available], default=0)
+    available = np.zeros(size, dtype=np.int64)
+    for (s, b), count in drawn.available.items():
+        available[s * nb + b] = count
+    pair = drawn.stream * nb + drawn.bucket
     draws = np.bincount(pair[rows], minlength=size)
     out = []
     for p in np.flatnonzero(available):
@@ -434,17 +456,15 @@ def autocorrelation(codes: Ints, lags: Ints) -> NDArray[np.float64]:
     """The pooled one-hot autocorrelation of the categorical sequence ``codes`` at
     each lag: ``(m(h) - sum p**2) / (1 - sum p**2)`` (module docstring)."""
     dense = np.unique(codes, return_inverse=True)[1].astype(np.int64)
-    return _key_acf(dense, np.arange(dense.size, dtype=np.int64), lags, np.ones(dense.size))
+    return _key_acf(dense, np.arange(dense.size, dtype=np.int64), lags)
 
 
-def _key_acf(codes: Ints, rows: Ints, lags: Ints, draws: NDArray[Any]) -> NDArray[np.float64]:
-    """:func:`autocorrelation` of ``codes[rows]`` (``codes`` dense, >= 0, by manifest
-    row; ``draws`` the plan draws of each row), gathering only the compared blocks."""
+def _key_acf(codes: Ints, rows: Ints, lags: Ints) -> NDArray[np.float64]:
+    """:func:`autocorrelation` of ``codes[rows]`` (``codes`` dense, >= 0), gathering
+    only the compared blocks."""
     if lags.size == 0 or rows.size == 0:
         return np.zeros(lags.size)
-    freq = np.bincount(codes, weights=draws)  # the key's frequencies in O(manifest)
-    p = freq / freq.sum()
-    base = float(np.dot(p, p))
+    base = _sum_p_squared(np.bincount(codes[rows]))
     if base >= 1.0 - 1e-12:
         return np.zeros(lags.size)
     # int32 codes halve the bytes each comparison streams through.
@@ -464,6 +484,19 @@ def _key_acf(codes: Ints, rows: Ints, lags: Ints, draws: NDArray[Any]) -> NDArra
     return out
 
 
+def _sum_p_squared(freq: Ints) -> float:
+    """``sum_c p_c**2`` with ``p_c = freq_c / sum(freq)``, as one correctly rounded
+    division of exact integers: the same float whatever the order of the codes and
+    whether keys never drawn are among them (a float dot product of the ``p_c``
+    rounds by position, so the report would depend on how the keys were numbered)."""
+    total = int(freq.sum())
+    if int(freq.max(initial=0)) * total < 2**63:
+        squares = int(np.dot(freq, freq))  # int64, exact below the bound
+    else:
+        squares = sum(f * f for f in freq.tolist())
+    return squares / (total * total)
+
+
 def _blocks(span: int) -> list[tuple[int, int]]:
     """Contiguous (start, length) blocks of ``[0, span)`` holding at most
     :data:`ACF_POSITIONS` positions, evenly spaced."""
@@ -475,18 +508,8 @@ def _blocks(span: int) -> list[tuple[int, int]]:
 
 
 # -- helpers --------------------------------------------------------------------------
-def _codes(column: pa.ChunkedArray | pa.Array) -> Ints:
-    """Integer codes of a categorical column (nulls are one more category)."""
-    if pa.types.is_integer(column.type):
-        values = pc.fill_null(column, -1).to_numpy()
-        return np.unique(values, return_inverse=True)[1].astype(np.int64)
-    encoded = pc.dictionary_encode(column).combine_chunks()
-    indices = pc.fill_null(encoded.indices, len(encoded.dictionary))
-    return np.asarray(indices.to_numpy(), dtype=np.int64)
-
-
 def _dense(codes: Ints) -> Ints:
-    """``codes`` as dense codes ``0 … k-1`` (already so for :func:`_codes`' output)."""
+    """``codes`` as dense codes ``0 … k-1`` (already so for :func:`codes`' output)."""
     if codes.size == 0 or (codes.min() >= 0 and codes.max() < 2 * codes.size + 1024):
         return np.asarray(codes, dtype=np.int64)
     return np.unique(codes, return_inverse=True)[1].astype(np.int64)

@@ -159,6 +159,9 @@ def _selected(
     candidates = found.count
     drops: dict[str, int] = dict(found.drops)
     table = found.kept
+    # Taken: each drop's filtered copy then replaces the rows, instead of living
+    # beside the merged candidates until selection returns (decision 059).
+    found.kept = table.schema.empty_table()
     table = _drop_where(table, pc.is_null(table["latent_frames"]), "no_latent_frames", drops)
     if recipe.tensor_keys:
         table = _drop_where(

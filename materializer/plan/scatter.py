@@ -32,7 +32,7 @@ def scatter_order(n: int, seed: int) -> NDArray[np.int64]:
         raise InvalidInput(f"n must be >= 0, got {n}", field="n")
     keys = np.arange(n, dtype=np.uint64)
     keys += np.uint64(derive(check_seed(seed), TAG_SCATTER))
-    return np.argsort(mix(keys)).astype(np.int64)
+    return np.argsort(mix(keys)).astype(np.int64, copy=False)  # no second n-row copy
 
 
 def scatter_keys(ids: pa.Array | pa.ChunkedArray | Sequence[str], seed: int) -> NDArray[np.uint64]:

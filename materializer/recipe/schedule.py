@@ -29,6 +29,8 @@ from materializer.recipe.fields import (
 __all__ = ["Buckets", "GlobalBatch", "Phase"]
 
 _MIN_WEIGHT = 1e-9
+#: Rows per block of :meth:`Buckets.assign` (its temporaries are ~100 B a row).
+_ASSIGN_BLOCK = 1 << 16
 
 
 class Buckets(Model):
@@ -69,12 +71,21 @@ class Buckets(Model):
             aspect: ``width / height`` per clip (positive).
         """
         frames = np.asarray(self.latent_frames, dtype=np.int64)
-        fi = np.searchsorted(frames, np.asarray(latent_frames, dtype=np.int64), side="right") - 1
         logs = np.log(np.array([ratio(a) for a in self.aspect_ratios], dtype=np.float64))
-        dist = np.abs(np.log(np.asarray(aspect, dtype=np.float64))[:, None] - logs[None, :])
-        ai = np.argmin(dist, axis=1)  # first minimum: ties go to the narrower ratio
-        ids = fi * len(self.aspect_ratios) + ai
-        return np.where(fi >= 0, ids, -1).astype(np.int32)
+        n = len(latent_frames)
+        out = np.empty(n, dtype=np.int32)
+        # In blocks: the distances are a (rows x ratios) float64 matrix, and with the
+        # other temporaries ~150 B a clip for the whole table at once.
+        for lo in range(0, n, _ASSIGN_BLOCK):
+            hi = min(n, lo + _ASSIGN_BLOCK)
+            block = np.asarray(latent_frames[lo:hi], dtype=np.int64)
+            fi = np.searchsorted(frames, block, side="right") - 1
+            logged = np.log(np.asarray(aspect[lo:hi], dtype=np.float64))
+            dist = np.abs(logged[:, None] - logs[None, :])
+            ai = np.argmin(dist, axis=1)  # first minimum: ties go to the narrower ratio
+            ids = fi * len(self.aspect_ratios) + ai
+            out[lo:hi] = np.where(fi >= 0, ids, -1)
+        return out
 
 
 class GlobalBatch(Model):

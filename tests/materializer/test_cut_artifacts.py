@@ -183,6 +183,120 @@ def test_the_sorted_samples_are_dropped_once_scattered(
     assert _digests(paths) == _digests(one)
 
 
+def test_a_partitioned_driver_measures_quality_from_the_written_manifest(
+    lake: tuple[VidlakeCatalog, Path],
+    recipe: Recipe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partitioned driver never gathers its samples in manifest order: the quality
+    report reads the rows the plan draws from the written manifest, and the driver
+    columns carry no quality key but the asset id (the snapshot's count); the same
+    bytes as the one-process cut, which measures its table."""
+    from materializer.partition_merge import driver_columns
+
+    catalog, _ = lake
+    measured: list[Any] = []
+    real_quality = artifacts.cut_quality
+
+    def quality(recipe: Recipe, plan: Path, samples: Any, out: Path) -> Any:
+        measured.append(samples)
+        return real_quality(recipe, plan, samples, out)
+
+    monkeypatch.setattr(artifacts, "cut_quality", quality)
+    execution = Execution(LocalExecutor(1), 3)
+    paths, snap = build_artifacts(catalog, recipe, _mkdir(tmp_path / "cut"), execution=execution)
+    one, one_snap = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
+    assert measured[0] == paths["manifest.parquet"] and isinstance(measured[1], pa.Table)
+    assert not {"source", "cluster", "asset_id"} & set(driver_columns(recipe))
+    assert _digests(paths) == _digests(one)
+    assert snap["counts"] == one_snap["counts"] and snap["quality"] == one_snap["quality"]
+
+
+def test_the_pools_and_the_permutation_go_before_they_are_idle(
+    lake: tuple[VidlakeCatalog, Path],
+    recipe: Recipe,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partitioned driver streams the index and manifest holding one permutation
+    (each sorted sample's manifest row), not it and the scatter order, and the plan's
+    pools go once the plan is written, not at the end of the cut."""
+    import numpy as np
+
+    catalog, _ = lake
+    orders: list[weakref.ref[Any]] = []
+    pools: list[weakref.ref[Any]] = []
+    real_order, real_specs = artifacts.scatter_order, artifacts.phase_specs
+
+    def scatter_order(n: int, seed: int) -> Any:
+        order = real_order(n, seed)
+        orders.append(weakref.ref(order))
+        return order
+
+    def phase_specs(*args: Any) -> Any:
+        specs = real_specs(*args)
+        pools.extend(weakref.ref(a) for s in specs for a in (s.pool.row, s.pool.tokens))
+        return specs
+
+    alive: dict[str, bool] = {}
+    real_stream, real_quality = artifacts.stream_artifacts, artifacts.cut_quality
+
+    def stream(parts: Any, selected: Any, dest: Any, **kwargs: Any) -> Any:
+        gc.collect()
+        alive["order while streaming"] = orders[0]() is not None
+        assert isinstance(dest, np.ndarray) and dest.size == selected.num_rows
+        return real_stream(parts, selected, dest, **kwargs)
+
+    def quality(*args: Any) -> Any:
+        gc.collect()
+        alive["pools after the plan"] = any(p() is not None for p in pools)
+        return real_quality(*args)
+
+    monkeypatch.setattr(artifacts, "scatter_order", scatter_order)
+    monkeypatch.setattr(artifacts, "phase_specs", phase_specs)
+    monkeypatch.setattr(artifacts, "stream_artifacts", stream)
+    monkeypatch.setattr(artifacts, "cut_quality", quality)
+    execution = Execution(LocalExecutor(1), 3)
+    paths, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "cut"), execution=execution)
+    assert pools and alive == {"order while streaming": False, "pools after the plan": False}
+    one, _ = build_artifacts(catalog, recipe, _mkdir(tmp_path / "one"))
+    assert _digests(paths) == _digests(one)
+
+
+def test_selection_takes_the_merged_candidates_so_each_drop_replaces_them(
+    lake: tuple[VidlakeCatalog, Path],
+    recipe: Recipe,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The drops after the join filter the candidates into new tables; the merged
+    table is not kept beside them until selection returns."""
+    from materializer import select as sel
+    from materializer.cut import checked_pin
+
+    catalog, _ = lake
+    merged: list[weakref.ref[pa.Table]] = []
+    real_candidates, real_gate = sel._candidates, sel._phase_gate
+
+    def candidates(*args: Any, **kwargs: Any) -> Any:
+        found = real_candidates(*args, **kwargs)
+        merged.append(weakref.ref(found.kept))
+        return found
+
+    seen: list[bool] = []
+
+    def gate(recipe: Recipe, table: pa.Table, drops: dict[str, int]) -> pa.Table:
+        gc.collect()
+        seen.append(merged[0]() is not None and merged[0]() is not table)
+        return real_gate(recipe, table, drops)
+
+    monkeypatch.setattr(sel, "_candidates", candidates)
+    monkeypatch.setattr(sel, "_phase_gate", gate)
+    selection = sel.select(catalog, recipe, checked_pin(catalog, recipe, None))
+    assert selection.drops and seen == [False]
+    selection.close()
+
+
 def test_the_one_process_cut_gathers_the_wide_columns_once(
     lake: tuple[VidlakeCatalog, Path],
     recipe: Recipe,
@@ -218,39 +332,3 @@ def test_the_one_process_cut_gathers_the_wide_columns_once(
     assert {"rung", "clip_id", "stream", "_at"} <= set(columns)
     assert selections[0].rows is None  # gathered, then dropped
     assert _digests(once) == _digests(wide)
-
-
-def test_the_snapshot_counts_assets_from_the_quality_codes(
-    lake: tuple[VidlakeCatalog, Path],
-    recipe: Recipe,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The quality stage's asset codes give the snapshot its asset count (no second
-    hash of every asset id): the count equals a hash count of the manifest's ids,
-    with and without null ids."""
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    from materializer.quality import plan_quality
-
-    catalog, _ = lake
-    given: list[int | None] = []
-    real_doc = cut.snapshot_doc
-
-    def doc(*args: Any, **kwargs: Any) -> Any:
-        given.append(kwargs.get("assets"))
-        return real_doc(*args, **kwargs)
-
-    monkeypatch.setattr(cut, "snapshot_doc", doc)
-    out = _mkdir(tmp_path / "cut")
-    paths, snapshot = build_artifacts(catalog, recipe, out)
-    manifest = pq.read_table(paths["manifest.parquet"])
-    assets = int(pc.count_distinct(manifest["asset_id"]).as_py())
-    assert given == [assets] and snapshot["counts"]["assets"] == assets > 1
-    ids = manifest["asset_id"].to_pylist()
-    nulled = pa.array([None if i % 3 == 0 else v for i, v in enumerate(ids)], pa.string())
-    samples = manifest.set_column(manifest.schema.get_field_index("asset_id"), "asset_id", nulled)
-    distinct: dict[str, int] = {}
-    plan_quality(paths["plan.arrow"], samples, recipe, distinct=distinct)
-    assert distinct["asset_id"] == int(pc.count_distinct(nulled).as_py())

@@ -35,6 +35,8 @@ def _partition(rng: np.random.Generator, lo: int, n: int, *, null_text: bool) ->
     table = pa.table(
         {
             "clip_id": pa.array(ids, pa.string()),
+            # Assets shared across partitions (an asset's clips fall in several).
+            "asset_id": pa.array([f"{(lo + i) % 17:064x}" for i in range(n)], pa.string()),
             "rung": rungs,
             "tokens": rng.integers(1, 100, n),
             "text": text,
@@ -63,7 +65,7 @@ def test_streamed_manifest_and_index_equal_the_whole_table_written_at_once(
     narrow = []
     for t in tables:
         kept, path = pm.spill_kept(t, parts.directory, ("rung", "tokens"))
-        assert kept.column_names == ["rung", "tokens", "_clip", "_pos"]  # the wide ones stay out
+        assert kept.column_names == ["rung", "tokens", "_pos"]  # the wide ones stay out
         narrow.append(kept)
         parts.files.append(path)
     merged = pm.merge_order(narrow)
@@ -83,14 +85,19 @@ def test_streamed_manifest_and_index_equal_the_whole_table_written_at_once(
         return chunk.select(INDEX_SCHEMA.names).cast(INDEX_SCHEMA)
 
     streamed_index, streamed_manifest = tmp_path / "s.arrow", tmp_path / "s.parquet"
-    pm.stream_artifacts(
+    dest = np.empty_like(order)
+    dest[order] = np.arange(order.size)  # each sorted sample's manifest row
+    clips, assets = pm.stream_artifacts(
         parts,
         selected,
-        order,
+        dest,
         index=(streamed_index, index_of),
         manifest=(streamed_manifest, lambda chunk: chunk, _OPTIONS),
     )
     samples = whole.filter(pa.array(keep))
+    # Counted on the way, exactly: the partitions' clips add up, their assets overlap.
+    assert clips == len(set(samples["clip_id"].to_pylist()))
+    assert assets == len(set(samples["asset_id"].to_pylist())) < sum(len(t) for t in tables)
     samples = samples.append_column("bucket", selected["bucket"]).take(pa.array(order))
     samples = samples.add_column(0, "row", pa.array(np.arange(samples.num_rows)))
     samples = samples.combine_chunks()
@@ -113,7 +120,9 @@ def test_driver_columns_hold_what_the_recipe_needs_only() -> None:
     doc.setdefault("exclusions", {}).pop("eval_near_duplicates", None)
     plain = pm.driver_columns(load_recipe(doc))
     assert "clip_id" not in plain and "captions" not in plain and "object_sha256" not in plain
-    assert {"rung", "tier", "stream", "tokens", "asset_id"} <= set(plain)
+    assert {"rung", "tier", "stream", "tokens"} <= set(plain)
+    # The counts and the quality report's keys come from the partitions' files.
+    assert not {"asset_id", "source", "cluster"} & set(plain)
 
 
 def test_packed_ids_are_the_bytes_the_hex_spells_and_others_stay_as_they_are() -> None:
@@ -154,3 +163,25 @@ def test_parts_of_one_rung_merge_without_a_copy_and_interleaved_rungs_are_sorted
     assert merged["rung"].to_pylist() == ["256p", "256p", "512p", "512p", "512p"]
     assert merged[pm.PART].to_pylist() == [0, 1, 0, 0, 1]
     assert merged["_pos"].to_pylist() == [0, 0, 1, 2, 1]
+
+
+def test_distinct_assets_are_exact_across_partitions_and_buckets(tmp_path: Path) -> None:
+    """Every id lands in the same bucket whatever partition adds it, so overlapping
+    partitions, nulls and ids that are not hex are counted exactly."""
+    from materializer.distinct import DistinctCounts
+
+    rng = np.random.default_rng(3)
+    pool = [hashlib.sha256(str(i).encode()).hexdigest() for i in range(3000)]
+    pool += ["x", "é1", "a b"]
+    counts = DistinctCounts(tmp_path / "d")
+    seen: set[str] = set()
+    for p in range(5):
+        ids = [pool[i] for i in rng.integers(0, len(pool), 900)] + [None]
+        clips = [f"{p:02x}{i:06x}" for i in range(len(ids))]
+        counts.add(pa.table({"clip_id": clips, "asset_id": pa.array(ids, pa.string())}))
+        seen |= {i for i in ids if i is not None}
+    assert counts.clips == 5 * 901
+    assert counts.assets() == len(seen)
+    assert len(list((tmp_path / "d").iterdir())) > 100  # spread over the buckets
+    counts.close()
+    assert not (tmp_path / "d").exists()

@@ -305,3 +305,54 @@ def test_the_quality_block_is_checked_and_leaves_old_recipes_their_sha() -> None
         with pytest.raises(InvalidRecipe) as info:
             load_recipe({**_demo_like(), "quality": bad})
         assert info.value.details["path"].startswith("quality")
+
+
+# -- only the drawn rows (decision 059) ---------------------------------------------------
+def test_the_report_reads_the_manifest_file_as_it_reads_the_table(
+    catalog: VidlakeCatalog, tmp_path: Path
+) -> None:
+    """A partitioned driver holds no per-row copy for the report: it reads the written
+    manifest, one row group at a time, and gets the report the table gives."""
+    import pyarrow.parquet as pq
+
+    from materializer.quality import plan_quality
+
+    recipe = load_recipe(_demo_like())
+    artifacts, _ = build_artifacts(catalog, recipe, tmp_path)
+    manifest = Path(artifacts["manifest.parquet"])
+    table = pq.read_table(manifest)
+    plan = Path(artifacts["plan.arrow"])
+    expected = plan_quality(plan, table, recipe)
+    assert plan_quality(plan, manifest, recipe) == expected
+    # Many row groups (a slice each) and rows the plan never draws change nothing.
+    small = tmp_path / "small.parquet"
+    pq.write_table(table, small, row_group_size=7)
+    assert pq.ParquetFile(small).num_row_groups > 3
+    assert plan_quality(plan, small, recipe) == expected
+    assert json.loads(Path(artifacts[QUALITY_NAME]).read_text()) == json.loads(json.dumps(expected))
+
+
+def test_the_report_does_not_depend_on_how_keys_are_numbered() -> None:
+    """The report compares codes only for equality and weighs the keys' frequencies
+    exactly, so renumbering the keys (or keys no step draws) gives the same floats."""
+    rng = np.random.default_rng(5)
+    n = 4000
+    keys = rng.integers(0, 900, n)
+    plan = _plan(rng.choice(n // 2, 64 * BATCH))  # rows >= n / 2 are never drawn
+    relabel = rng.permutation(5000)[:900] * 7 + 3
+    first = _report(plan, rng.integers(0, 2, n), {"asset_id": keys})
+    stream = np.zeros(n, np.int64)
+    a = _report(plan, stream, {"asset_id": keys, "source": keys % 5})
+    b = _report(plan, stream, {"asset_id": relabel[keys], "source": (keys % 5) * 11})
+    assert a == b
+    assert first["autocorr"]["series"]["asset_id"] == a["autocorr"]["series"]["asset_id"]
+
+
+def test_the_plan_may_not_draw_a_row_the_manifest_lacks() -> None:
+    import pyarrow as pa
+
+    from materializer.quality_rows import drawn_rows
+
+    table = pa.table({"stream": [0, 0], "bucket": [0, 0], "tokens": [1, 1]})
+    with pytest.raises(InvalidInput, match="manifest row 2"):
+        drawn_rows(np.array([0, 2], np.int64), [table])

@@ -763,3 +763,31 @@ def test_weights_not_summing_to_one_are_normalised_with_a_note() -> None:
     plain = load_recipe(WARMUP)
     assert recipe_notes(plain) == [] and scaled == plain and scaled.sha256() == plain.sha256()
     assert recipe_notes(load_recipe(scaled.to_canonical_json())) == []  # already normalised
+
+
+def test_buckets_are_assigned_in_blocks_of_bounded_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cut's driver assigns every kept sample's bucket: in blocks, so the distance
+    matrix and its temporaries are not ~100 B for every row at once; the same ids."""
+    import tracemalloc
+
+    from materializer.recipe import schedule
+
+    buckets = Buckets.model_validate(
+        {"latent_frames": [8, 16, 32], "aspect_ratios": ["16:9", "9:16", "1:1", "4:3"]}
+    )
+    rng = np.random.default_rng(2)
+    n = 1 << 20
+    frames = rng.integers(1, 40, n).astype(np.int32)
+    aspect = rng.uniform(0.4, 2.2, n)
+    tracemalloc.start()
+    got = buckets.assign(frames, aspect)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 24 * n  # the whole-table version peaked near 100 B a row
+    ratios = [int(w) / int(h) for w, h in (r.split(":") for r in buckets.aspect_ratios)]
+    logs = np.log(ratios)
+    fi = np.searchsorted([8, 16, 32], frames, side="right") - 1
+    ai = np.argmin(np.abs(np.log(aspect)[:, None] - logs[None, :]), axis=1)
+    assert np.array_equal(got, np.where(fi >= 0, fi * 4 + ai, -1))
+    monkeypatch.setattr(schedule, "_ASSIGN_BLOCK", 1000)  # many ragged blocks
+    assert np.array_equal(buckets.assign(frames, aspect), got)

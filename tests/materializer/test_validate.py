@@ -366,3 +366,21 @@ def test_known_values_read_only_the_files_their_bounds_do_not_prove(
                 want.setdefault(k, set()).add(v)
         assert got == {k: tuple(sorted(want[k])) for k in sorted(want)}
     assert known.scores["a_filter_name_of_24_chars"] == ("9",) and "9" in known.scores["motion"]
+
+
+def test_a_batch_of_one_pair_keeps_a_copy_of_its_row_not_the_batch() -> None:
+    """The pin stage's known values hold one row per batch, not every batch scanned."""
+    import pyarrow as pa
+
+    from materializer.validate import _batch_pairs
+
+    n = 100_000
+    batch = pa.table({"k": ["aesthetic"] * n, "v": ["1"] * n, "other": list(range(n))})
+    pair = _batch_pairs(batch, "k", "v")
+    assert pair.to_pylist() == [{"k": "aesthetic", "v": "1"}]
+    assert pair.get_total_buffer_size() < 1024
+    mixed = pa.table({"k": ["a", "b", "a"], "v": ["1", "1", "1"]})
+    assert sorted(_batch_pairs(mixed, "k", "v").to_pylist(), key=str) == [
+        {"k": "a", "v": "1"},
+        {"k": "b", "v": "1"},
+    ]
