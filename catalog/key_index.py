@@ -680,9 +680,9 @@ class KeyStore:
 
 
 #: Each asset's split, by its digest, from the covering index ``assets_split``: a
-#: ``WITHOUT ROWID`` table keeps whole rows in its interior pages (8 a 1 KiB page at
+#: ``WITHOUT ROWID`` table keeps whole rows in its interior pages (7 a 1 KiB page at
 #: 800k assets: 6-7 levels, most of them read afresh by a new process), the index
-#: ~21 (k, split) pairs (decision 058: 500 assets 6 → 3.5 ms of CPU at 800k assets).
+#: ~21 (k, split) pairs (decision 058: 500 assets 4.6-7.6 → 3.3-4.3 ms CPU at 800k).
 _SPLITS = (
     f"{SERIES}SELECT s.i, a.split FROM s CROSS JOIN assets a INDEXED BY assets_split"
     " ON a.k = substr(?1, s.i * ?3 + 1, ?3)"
