@@ -11,7 +11,8 @@ by thousands of small batches pays them on every one.
 
 :func:`commit` applies the same updates with pyiceberg's own update functions to the
 metadata the caller planned against (``tbl.metadata``), writes the next metadata JSON
-(same file name rule, same metadata log) and moves the row with the same conditional
+(same file name rule, same metadata log, the same bytes: :mod:`catalog.metadata_json`
+encodes each snapshot once per process) and moves the row with the same conditional
 UPDATE, conditioned on the location the caller loaded. That condition is stricter than
 ``commit_table``'s requirements: any commit by another writer since the caller loaded
 the table (not only one that moved the branch) fails this one with
@@ -41,7 +42,7 @@ from pyiceberg.utils.datetime import datetime_to_millis
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from catalog import table_cache
+from catalog import metadata_json, table_cache
 
 __all__ = ["commit"]
 
@@ -69,7 +70,7 @@ def commit(tbl: Table, requirements: tuple[Any, ...], updates: tuple[Any, ...]) 
     version = catalog._parse_metadata_version(base_location) + 1
     provider = load_location_provider(metadata.location, metadata.properties)
     location = provider.new_table_metadata_file_location(version)
-    catalog._write_metadata(metadata, tbl.io, location)
+    metadata_json.write(metadata, tbl.io, location)  # its snapshots encoded once
     try:
         _move_row(catalog, tbl, base_location, location)
     except CommitFailedException:

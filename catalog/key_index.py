@@ -612,10 +612,7 @@ class KeyStore:
 
     def _splits(self, asset_ids: pa.Array | pa.ChunkedArray) -> list[str | None]:
         out: list[str | None] = [None] * len(asset_ids)
-        query = (
-            f"{SERIES}SELECT s.i, a.split FROM s CROSS JOIN assets a"
-            " ON a.k = substr(?1, s.i * ?3 + 1, ?3)"
-        )
+        query = _SPLITS
         with self._lock:
             conn = self._db()
             for group in (p for g in packed_digests(asset_ids) for p in g.parts()):
@@ -694,6 +691,16 @@ class KeyStore:
             frontier = sorted(more)
         ids = sorted(known)
         return ids, [known[a] for a in ids], sorted(edges)
+
+
+#: Each asset's split, by its digest, from the covering index ``assets_split``: a
+#: ``WITHOUT ROWID`` table keeps whole rows in its interior pages (7 a 1 KiB page at
+#: 800k assets: 6-7 levels, most of them read afresh by a new process), the index
+#: ~21 (k, split) pairs (decision 058: 500 assets 4.6-7.6 → 3.3-4.3 ms CPU at 800k).
+_SPLITS = (
+    f"{SERIES}SELECT s.i, a.split FROM s CROSS JOIN assets a INDEXED BY assets_split"
+    " ON a.k = substr(?1, s.i * ?3 + 1, ?3)"
+)
 
 
 def _sorted_groups(view: str, rows: pa.Table) -> tuple[list[Packed], list[Packed]]:

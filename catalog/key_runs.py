@@ -82,6 +82,9 @@ PROBE_BLOCKS = 4096
 _PART_BLOCKS = PROBE_BLOCKS // (GAP + 1)
 #: Size ratio of neighbouring runs (see :func:`merge_plan`).
 FAN = 8
+#: Rows read per key up to which a probe searches all the rows' heads at once, not
+#: each key within its blocks (:func:`_member`; decision 058).
+_DENSE = 16
 
 _MAGIC = b"VLKRUN1\x00"
 _END = b"VLKE"
@@ -291,16 +294,26 @@ def _member(
 ) -> NDArray[np.bool_]:
     """Whether each key is among ``rows[begin:end]`` (sorted digests): a binary search
     on the rows' heads, all keys at once (a few numpy steps, not one per key; a
-    ``searchsorted`` on the digests as ``S`` strings costs ~1.5 µs a key), then the
-    whole digest of each row whose head matches."""
-    heads = rows[:, :8].view(">u8")[:, 0]  # a strided view: no copy
+    ``searchsorted`` on the digests as ``S`` strings costs ~1.5 µs a key), or, where
+    the rows are few per key (:data:`_DENSE`), one ``searchsorted`` of all their
+    heads; then the whole digest of each row whose head matches."""
     want = np.ascontiguousarray(keys[:, :8]).view(">u8")[:, 0]
-    lo, hi = begin.copy(), end.copy()
-    while (live := np.flatnonzero(lo < hi)).size:
-        mid = (lo[live] + hi[live]) // 2
-        less = heads[mid] < want[live]
-        lo[live[less]] = mid[less] + 1
-        hi[live[~less]] = mid[~less]
+    if len(rows) <= _DENSE * len(keys):
+        # Few rows a key (an asset-keyed batch: ~6): one search of all the heads,
+        # copied once (the rows read are sorted, a subset of the run in order), costs
+        # half the loop below; for one block a key (128 rows) the copy costs 3x more.
+        heads = np.ascontiguousarray(rows[:, :8]).view(">u8")[:, 0].astype(np.uint64)
+        want = want.astype(np.uint64)
+        lo = np.searchsorted(heads, want, "left")
+        end = np.full(len(keys), len(rows), np.int64)
+    else:
+        heads = rows[:, :8].view(">u8")[:, 0]  # a strided view: no copy
+        lo, hi = begin.copy(), end.copy()
+        while (live := np.flatnonzero(lo < hi)).size:
+            mid = (lo[live] + hi[live]) // 2
+            less = heads[mid] < want[live]
+            lo[live[less]] = mid[less] + 1
+            hi[live[~less]] = mid[~less]
     out = np.zeros(len(keys), np.bool_)
     ask = np.flatnonzero(lo < end)
     while ask.size:  # a step past each row while the head still matches

@@ -4,6 +4,7 @@ other writer's commit since the table was loaded fails it cleanly."""
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
@@ -15,9 +16,11 @@ import pytest
 from pyiceberg import catalog as iceberg_catalog
 from pyiceberg.catalog.sql import SqlCatalog
 from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.serializers import FromInputFile
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Snapshot
 
-from catalog import _append, rules
+from catalog import _append, metadata_json, rules
 from catalog.catalog import VidlakeCatalog
 from catalog.coerce import coerce_batch, conform
 from catalog.config import CatalogConfig
@@ -118,6 +121,40 @@ def test_own_commits_write_the_metadata_pyiceberg_would(cat: VidlakeCatalog) -> 
     tbl.append(_rows(tbl, _scores(ids, "late")))
     assert cat.scan("scores").num_rows == 160
     assert len(cat.iceberg_table("scores").metadata.metadata_log) == 4
+
+
+def test_each_commit_writes_pyicebergs_bytes_and_encodes_only_its_new_snapshot(
+    cat: VidlakeCatalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The metadata file is byte for byte ``model_dump_json`` (decision 058), and a
+    commit encodes its own snapshot only: earlier ones come from the process's cache
+    (a whole-metadata encoding at every commit grows with the snapshot count)."""
+    ids = _clip_ids(cat, 30)
+    encoded = _counting(monkeypatch, Snapshot, "model_dump_json")
+    for k, name in enumerate(("aesthetic", "motion", "ocr", "blur", "faces")):
+        before = len(encoded)
+        cat.add_scores(_scores(ids, name))
+        tbl = cat.iceberg_table("scores")
+        assert len(tbl.metadata.snapshots) == k + 1
+        if k:  # the first commit of this process encodes what it finds, once
+            assert len(encoded) - before == 1
+        written = Path(tbl.metadata_location.removeprefix("file://")).read_bytes()
+        assert written == tbl.metadata.model_dump_json().encode()
+        assert metadata_json.encode(tbl.metadata) == written  # from the cache, too
+
+
+def test_metadata_json_leaves_v1_and_compressed_files_as_pyiceberg_writes_them(
+    cat: VidlakeCatalog, tmp_path: Path
+) -> None:
+    ids = _clip_ids(cat, 20)
+    cat.add_scores(_scores(ids, "aesthetic"))
+    meta = cat.iceberg_table("scores").metadata
+    assert metadata_json.encode(meta.model_copy(update={"format_version": 1})) is None
+    io = cat.iceberg_table("scores").io
+    out = str(tmp_path / "00009-x.gz.metadata.json")
+    metadata_json.write(meta, io, out)
+    assert FromInputFile.table_metadata(io.new_input(out)) == meta
+    assert gzip.decompress(Path(out).read_bytes()) == meta.model_dump_json().encode()
 
 
 def test_any_other_commit_since_the_load_fails_the_append_cleanly(

@@ -5,6 +5,7 @@ answered from memory, and never an answer the tables would not give."""
 from __future__ import annotations
 
 import hashlib
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +18,7 @@ from catalog import key_index_rows
 from catalog.catalog import VidlakeCatalog
 from catalog.config import CatalogConfig
 from catalog.errors import InvalidBatch
-from catalog.key_index import KeyStore
+from catalog.key_index import _SPLITS, KeyStore
 from catalog.key_index_recent import RecentKeys
 from catalog.key_index_rows import Packed, digests, packed_digests
 from tests.catalog._key_index_child import clip, ingest
@@ -176,3 +177,29 @@ def test_a_batch_larger_than_one_statement_is_sent_in_parts(
         cat._keys.sync("clips")
         assert cat._keys.has("clips", pa.array(known)).all()
         assert cat.add_scores(_scores(known)).inserted == len(known)
+
+
+def test_splits_are_read_from_the_covering_index_even_in_an_older_file(tmp_path: Path) -> None:
+    """A ``WITHOUT ROWID`` table holds whole asset rows in its interior pages (8 to a
+    1 KiB page: 6-7 levels at 800k assets, read afresh by each new process); the splits
+    come from the narrow ``assets_split`` index instead (decision 058). A file made
+    before the index existed gets it when a process opens it, with the same answers."""
+    config = CatalogConfig.embedded(tmp_path / "lake")
+    with VidlakeCatalog.open(config) as cat:
+        ingest(cat, 0, 6, 3)
+        ids = cat.scan("assets")["asset_id"].combine_chunks()
+        expected = cat._keys.splits(ids)
+        path = cat._keys.path
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("DROP INDEX assets_split")  # as a file of the previous layout
+    conn.close()
+    with VidlakeCatalog.open(config) as cat:
+        store = cat._keys
+        asked = pa.array([*ids.to_pylist(), "f" * 64, None])
+        with _statements(store) as seen:
+            assert store.splits(asked) == [*expected, None, None]
+        assert any("INDEXED BY assets_split" in s for s in seen)
+        assert None not in expected and len(expected) == len(ids)
+        group = packed_digests(ids)[0]
+        plan = store._db().execute("EXPLAIN QUERY PLAN " + _SPLITS, group.params).fetchall()
+        assert any("COVERING INDEX assets_split" in str(row[-1]) for row in plan)

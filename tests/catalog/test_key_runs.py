@@ -67,11 +67,16 @@ def _files(store: _Store) -> list[str]:
     return sorted(p.name for p in root.iterdir()) if root.is_dir() else []
 
 
+@pytest.mark.parametrize("dense", [0, 1 << 30])
 @pytest.mark.parametrize("width", [16, 20])
-def test_a_probe_is_exact_at_block_edges_and_shared_heads(tmp_path: Path, width: int) -> None:
+def test_a_probe_is_exact_at_block_edges_and_shared_heads(
+    tmp_path: Path, width: int, dense: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Heads (first 8 bytes) shared by runs of keys across block boundaries, a
     partial last block, keys below the first and above the last: every answer is
-    the set's."""
+    the set's, whether the blocks read are searched key by key or all at once
+    (``_DENSE``: 0 never, 2^30 always)."""
+    monkeypatch.setattr(key_runs, "_DENSE", dense)
     rng = np.random.default_rng(width)
     keys = _keys(rng, 14 * key_runs.BLOCK + 17, width)
     keys[100:1400, :8] = 7  # 1300 keys with one head, spanning 10 blocks
