@@ -30,6 +30,7 @@ from pyiceberg.expressions import (
 )
 from pyiceberg.io import load_file_io
 from pyiceberg.io.pyarrow import ArrowScan, schema_to_pyarrow
+from pyiceberg.types import StringType
 
 from catalog.pins import Pin
 from catalog.reads import RowFilter, _pred, _reshaped, missing_snapshot, parse_row_filter
@@ -39,7 +40,15 @@ from catalog.tables import arrow_schema
 if TYPE_CHECKING:
     from catalog.catalog import VidlakeCatalog
 
-__all__ = ["ScanPlan", "all_of", "key_range", "plan_scan", "read_plan", "split_plan"]
+__all__ = [
+    "ScanPlan",
+    "all_of",
+    "key_range",
+    "plan_scan",
+    "proven_pairs",
+    "read_plan",
+    "split_plan",
+]
 
 
 def key_range(column: str, lo: str | None, hi: str | None) -> BooleanExpression:
@@ -151,6 +160,63 @@ def split_plan(
             )
         )
     return out
+
+
+def proven_pairs(plan: ScanPlan, key: str, value: str) -> tuple[list[tuple[str, str]], ScanPlan]:
+    """The ``(key, value)`` pairs of the planned files whose manifest proves each holds
+    one pair (:func:`_proven_pair`), and the plan of the other files, to be read.
+
+    Most files of ``scores``, ``captions`` and ``latents`` are one ingest job's rows of
+    one filter, caption version or tokenizer: a cut's recipe check then reads none of
+    them (decision 063)."""
+    ids = [_string_field_id(plan, key), _string_field_id(plan, value)]
+    pairs: list[tuple[str, str]] = []
+    unproven = []
+    for task in plan._tasks:
+        pair = _proven_pair(task, ids)
+        if pair is None:
+            unproven.append(task)
+        else:
+            pairs.append(pair)
+    rest = replace(
+        plan,
+        files=len(unproven),
+        rows=sum(t.file.record_count for t in unproven),
+        _tasks=tuple(unproven),
+    )
+    return pairs, rest
+
+
+def _string_field_id(plan: ScanPlan, column: str) -> int | None:
+    """The Iceberg field id of the string ``column`` in ``plan``'s table (None: no
+    such column, or not a string: only a string's bounds are its UTF-8 bytes)."""
+    try:
+        found = plan._metadata.schema().find_field(column)
+    except ValueError:
+        return None
+    return int(found.field_id) if isinstance(found.field_type, StringType) else None
+
+
+def _proven_pair(task: Any, ids: list[int | None]) -> tuple[str, str] | None:
+    """The one ``(key, value)`` pair of a planned file whose manifest proves it: no
+    delete files, at least one row, no nulls in either column, and each column's
+    lower bound equal to its upper bound (a truncated string bound never equals
+    its upper bound, which is rounded up past it); else None (the file is read)."""
+    data = task.file
+    if task.delete_files or not data.record_count or None in ids:
+        return None
+    lower, upper = data.lower_bounds or {}, data.upper_bounds or {}
+    nulls = data.null_value_counts or {}
+    values = []
+    for field_id in ids:
+        low, high = lower.get(field_id), upper.get(field_id)
+        if low is None or high is None or bytes(low) != bytes(high) or nulls.get(field_id, 1):
+            return None
+        try:
+            values.append(bytes(low).decode("utf-8"))
+        except UnicodeDecodeError:
+            return None
+    return values[0], values[1]
 
 
 def _overlaps(low: str | None, high: str | None, lo: str | None, hi: str | None) -> bool:
