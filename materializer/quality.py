@@ -64,6 +64,7 @@ from materializer.quality_rows import (
     DrawnRows,
     drawn_rows,
     manifest_slices,
+    whole_table,
 )
 
 if TYPE_CHECKING:
@@ -191,8 +192,10 @@ def plan_quality(plan_path: str | Path, samples: pa.Table | Path, recipe: Recipe
         max([p.global_batch.default, *p.global_batch.overrides.values()]) for p in recipe.phases
     )
     plan = read_plan(plan_path)
-    slices = [samples] if isinstance(samples, pa.Table) else manifest_slices(samples)
-    drawn = drawn_rows(plan.rows, slices)
+    if isinstance(samples, pa.Table):
+        drawn = whole_table(plan.rows, samples)
+    else:
+        drawn = drawn_rows(plan.rows, manifest_slices(samples))
     # The slices and the encodings' hash tables are freed Arrow memory that mimalloc
     # would keep, and the report's numpy arrays cannot reuse.
     release_unused()
@@ -288,8 +291,10 @@ def drawn_report(
     manifest's size."""
     if window_steps < 1 or global_batch < 1:
         raise InvalidInput("window_steps and global_batch must be >= 1", field="window_steps")
-    local = np.searchsorted(drawn.rows, plan.rows)
-    plan = PlanArrays(phase=plan.phase, offsets=plan.offsets, rows=local)
+    n = drawn.rows.size
+    if n and not (drawn.rows[0] == 0 and drawn.rows[-1] == n - 1):  # else every row: 0 … n-1
+        local = np.searchsorted(drawn.rows, plan.rows)
+        plan = PlanArrays(phase=plan.phase, offsets=plan.offsets, rows=local)
     steps = plan.sample_steps()
     width = max([len(stream_names), *(s + 1 for s, _ in drawn.available), 1])
     phase_docs = _shares(
