@@ -199,9 +199,6 @@ def write_artifacts(
                 queued += [side.submit(lineage)]
                 report("manifest", 0.0)
                 _write_parquet(manifest_path, _manifest_table(recipe, samples))
-                # While the side thread still plans: Arrow's distinct count of the asset
-                # ids (~0.3 s at 1M) releases the GIL, so it overlaps there.
-                counts = sample_counts(samples, k, clips)
             else:
                 queued += [side.submit(lineage)]
                 report("index", 0.0)
@@ -218,7 +215,14 @@ def write_artifacts(
             report("lineage", 0.0)
             # The plan quality report (materializer/quality.py); a recipe threshold fails here.
             report("quality", 0.0)
-            quality_path, quality = cut_quality(recipe, plan_path, measured, out)
+            codes_distinct: dict[str, int] = {}
+            quality_path, quality = cut_quality(
+                recipe, plan_path, measured, out, distinct=codes_distinct
+            )
+            if parts is None:
+                assert samples is not None
+                # The asset count off the quality stage's codes, not a second hash.
+                counts = sample_counts(samples, k, clips, assets=codes_distinct.get("asset_id"))
             report("quality", 1.0)
             if parts is None:
                 queued[0].result()
@@ -250,14 +254,17 @@ class SampleCounts:
     per_stream: list[int]
 
 
-def sample_counts(samples: pa.Table, num_streams: int, clips: int | None = None) -> SampleCounts:
-    """The counts of ``samples`` (``clips``, when given, the distinct clips already
-    counted, :func:`~materializer.cut.sorted_distinct_clips`)."""
+def sample_counts(
+    samples: pa.Table, num_streams: int, clips: int | None = None, *, assets: int | None = None
+) -> SampleCounts:
+    """The counts of ``samples`` (``clips`` and ``assets``, when given, the distinct
+    clips and assets already counted: :func:`~materializer.cut.sorted_distinct_clips`,
+    the quality stage's codes)."""
     per_stream = np.bincount(samples["stream"].to_numpy(), minlength=num_streams)
     return SampleCounts(
         samples=samples.num_rows,
         clips=distinct_clips(samples) if clips is None else clips,
-        assets=int(pc.count_distinct(samples["asset_id"]).as_py()),
+        assets=int(pc.count_distinct(samples["asset_id"]).as_py()) if assets is None else assets,
         per_stream=[int(c) for c in per_stream],
     )
 

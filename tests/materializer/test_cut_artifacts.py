@@ -199,9 +199,9 @@ def test_a_partitioned_driver_measures_quality_from_the_written_manifest(
     measured: list[Any] = []
     real_quality = artifacts.cut_quality
 
-    def quality(recipe: Recipe, plan: Path, samples: Any, out: Path) -> Any:
+    def quality(recipe: Recipe, plan: Path, samples: Any, out: Path, **kwargs: Any) -> Any:
         measured.append(samples)
-        return real_quality(recipe, plan, samples, out)
+        return real_quality(recipe, plan, samples, out, **kwargs)
 
     monkeypatch.setattr(artifacts, "cut_quality", quality)
     execution = Execution(LocalExecutor(1), 3)
@@ -248,10 +248,10 @@ def test_the_pools_and_the_permutation_go_before_they_are_idle(
         assert isinstance(dest, np.ndarray) and dest.size == selected.num_rows
         return real_stream(parts, selected, dest, **kwargs)
 
-    def quality(*args: Any) -> Any:
+    def quality(*args: Any, **kwargs: Any) -> Any:
         gc.collect()
         alive["pools after the plan"] = any(p() is not None for p in pools)
-        return real_quality(*args)
+        return real_quality(*args, **kwargs)
 
     monkeypatch.setattr(artifacts, "scatter_order", scatter_order)
     monkeypatch.setattr(artifacts, "phase_specs", phase_specs)

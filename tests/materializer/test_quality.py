@@ -385,3 +385,29 @@ def test_a_table_held_whole_is_measured_without_sorting_the_plan_rows(
     monkeypatch.setattr(quality, "drawn_rows", no_sort)
     monkeypatch.setattr(quality.np, "searchsorted", no_sort)
     assert quality.plan_quality(plan, table, recipe) == from_file
+
+
+def test_the_asset_count_comes_from_the_quality_codes(
+    catalog: VidlakeCatalog, tmp_path: Path
+) -> None:
+    """A table's string keys are counted off the codes the report makes anyway (the
+    snapshot's asset count, no second hash of every id): equal to a hash count, with
+    and without null ids; the snapshot's count equals the manifest's."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from materializer.quality import plan_quality
+
+    recipe = load_recipe(_demo_like())
+    artifacts, snapshot = build_artifacts(catalog, recipe, tmp_path)
+    manifest = pq.read_table(artifacts["manifest.parquet"])
+    assets = int(pc.count_distinct(manifest["asset_id"]).as_py())
+    assert snapshot["counts"]["assets"] == assets > 1
+    ids = manifest["asset_id"].to_pylist()
+    nulled = pa.array([None if i % 3 == 0 else v for i, v in enumerate(ids)], pa.string())
+    at = manifest.schema.get_field_index("asset_id")
+    for table in (manifest, manifest.set_column(at, "asset_id", nulled)):
+        distinct: dict[str, int] = {}
+        plan_quality(artifacts["plan.arrow"], table, recipe, distinct=distinct)
+        assert distinct["asset_id"] == int(pc.count_distinct(table["asset_id"]).as_py())
